@@ -1,0 +1,204 @@
+"""Multi-head self-attention whose normalization is UNAS, DNAS or HNAS.
+
+A subclass of fairseq's ``MultiheadAttention`` that keeps its parameters
+(``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``) so weights move between a
+plain ``transformer`` and ``transformer_dnas`` / ``transformer_hnas``, but owns
+``forward``: fairseq's own forward hands ordinary calls to
+``F.multi_head_attention_forward``, so a subclass that only swapped the softmax
+would silently train plain softmax attention.
+"""
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+from fairseq.modules import MultiheadAttention
+from torch import Tensor, nn
+
+from fairseq_dnas.attention import functional as AF
+from fairseq_dnas.attention.kernels import attend
+
+HYBRID_PER = ("head", "layer")
+
+
+def exact_logit(u: float) -> float:
+    """The float32 logit whose float32 sigmoid is closest to u (exactly u when
+    float32 allows it, e.g. the paper's 0.1 and 0.5).
+
+    ``log(u / (1 - u))`` rounded to float32 can miss by a step; look at the
+    neighbouring float32 values so the hybrid weight starts at the flag's value.
+    """
+    target = torch.tensor(u, dtype=torch.float64)
+    x = torch.tensor(math.log(u / (1.0 - u)), dtype=torch.float32)
+    candidates = [x]
+    for direction in (math.inf, -math.inf):
+        y = x
+        for _ in range(8):
+            y = torch.nextafter(y, torch.tensor(direction))
+            candidates.append(y)
+    errors = [abs(torch.sigmoid(c).double().item() - target.item()) for c in candidates]
+    return candidates[errors.index(min(errors))].item()
+
+
+class DNASMultiheadAttention(MultiheadAttention):
+    """Self-attention with scheme 'unas', 'dnas' or 'hnas' (Ding et al., 2020).
+
+    Args beyond fairseq's ``MultiheadAttention``:
+        scheme: 'unas' runs fairseq's own code path unchanged; 'dnas' the
+            doubly-normalized scheme (Algorithm 1, step 4); 'hnas' the hybrid
+            ``u * DNAS + (1 - u) * UNAS`` with a trainable u (Eq. 12).
+        sinkhorn_iters: column/row normalization rounds (1 = the paper).
+        hybrid_init: the initial u for 'hnas', in the open interval (0, 1).
+        hybrid_per: 'head' (one u per head, the paper's u_l^h) or 'layer'.
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        dropout=0.0,
+        bias=True,
+        self_attention=True,
+        q_noise=0.0,
+        qn_block_size=8,
+        scheme="dnas",
+        sinkhorn_iters=1,
+        hybrid_init=0.5,
+        hybrid_per="head",
+    ):
+        AF.check_scheme(scheme)
+        AF.check_sinkhorn_iters(sinkhorn_iters)
+        if not self_attention:
+            raise ValueError(
+                "DNASMultiheadAttention is self-attention only (the encoder's); "
+                "cross-attention keeps fairseq's MultiheadAttention"
+            )
+        super().__init__(
+            embed_dim,
+            num_heads,
+            dropout=dropout,
+            bias=bias,
+            self_attention=True,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
+        )
+        self.scheme = scheme
+        self.sinkhorn_iters = sinkhorn_iters
+        if scheme == "hnas":
+            check_hybrid_init(hybrid_init)
+            if hybrid_per not in HYBRID_PER:
+                raise ValueError(f"hybrid_per must be one of {HYBRID_PER}; got {hybrid_per!r}")
+            n = num_heads if hybrid_per == "head" else 1
+            # u = sigmoid(logit) stays in [0, 1] whatever the optimizer does.
+            self.hybrid_logit = nn.Parameter(torch.full((n,), exact_logit(hybrid_init)))
+            self.hybrid_init = hybrid_init
+        else:
+            self.hybrid_logit = None
+
+    @property
+    def hybrid_weight(self) -> Optional[Tensor]:
+        """u per head, shape (H,), or None unless the scheme is 'hnas'."""
+        if self.hybrid_logit is None:
+            return None
+        return torch.sigmoid(self.hybrid_logit.float()).expand(self.num_heads)
+
+    def extra_repr(self):
+        s = f"scheme={self.scheme}, heads={self.num_heads}"
+        if self.scheme != "unas":
+            s += f", sinkhorn_iters={self.sinkhorn_iters}"
+        if self.hybrid_logit is not None:
+            s += f", hybrid_per={'head' if self.hybrid_logit.numel() > 1 else 'layer'}"
+        return s
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        super().upgrade_state_dict_named(state_dict, name)
+        # A plain transformer checkpoint has no hybrid weights: start them at
+        # their initial value so it can be fine-tuned as HNAS.
+        key = (name + "." if name else "") + "hybrid_logit"
+        if self.hybrid_logit is not None and key not in state_dict:
+            state_dict[key] = self.hybrid_logit.detach().new_full(
+                self.hybrid_logit.shape, exact_logit(self.hybrid_init)
+            )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Input (T, B, C) as in fairseq; returns (output (T, B, C), weights).
+
+        Weights, when asked for, are (B, T, T) averaged over heads or
+        (H, B, T, T) with ``need_head_weights``, as fairseq returns them.
+        """
+        if self.scheme == "unas":
+            return super().forward(
+                query, key, value, key_padding_mask, incremental_state,
+                need_weights, static_kv, attn_mask, before_softmax, need_head_weights,
+            )
+        if incremental_state is not None or static_kv:
+            raise RuntimeError(
+                "DNAS/HNAS normalizes over all queries, so it cannot run "
+                "incrementally (step-by-step decoding); use it in the encoder only"
+            )
+        if attn_mask is not None or before_softmax:
+            raise RuntimeError(
+                "DNAS/HNAS encoder self-attention takes padding through "
+                "key_padding_mask only (attn_mask / before_softmax are not supported)"
+            )
+        need_weights = need_weights or need_head_weights
+
+        tgt_len, bsz, embed_dim = query.size()
+        heads, head_dim = self.num_heads, self.head_dim
+        # (T, B, C) -> (B, H, T, D)
+        q = (self.q_proj(query) * self.scaling).view(tgt_len, bsz, heads, head_dim).permute(1, 2, 0, 3)
+        k = self.k_proj(query).view(tgt_len, bsz, heads, head_dim).permute(1, 2, 0, 3)
+        v = self.v_proj(query).view(tgt_len, bsz, heads, head_dim).permute(1, 2, 0, 3)
+        # Self-attention (as in fairseq, key and value are taken from query):
+        # the padded queries are the padded keys.
+        padding = None if key_padding_mask is None else key_padding_mask.bool()
+
+        out, probs = attend(
+            q, k, v,
+            scheme=self.scheme,
+            padding_mask=padding,
+            hybrid_weight=self.hybrid_weight,
+            sinkhorn_iters=self.sinkhorn_iters,
+            dropout=self.dropout_module,
+            need_weights=need_weights,
+        )
+        # (B, H, T, D) -> (T, B, C)
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        out = self.out_proj(out)
+
+        weights: Optional[Tensor] = None
+        if need_weights:
+            weights = probs.transpose(0, 1)  # (H, B, T, T), fairseq's layout
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return out, weights
+
+
+def check_hybrid_init(hybrid_init) -> None:
+    """The initial HNAS weight must lie strictly inside (0, 1).
+
+    u = sigmoid(logit) reaches 0 or 1 only at an infinite logit, which
+    would never train; a fixed u of 0 or 1 is simply UNAS or DNAS.
+    """
+    try:
+        ok = 0.0 < float(hybrid_init) < 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"--hybrid-init must lie in (0, 1) (paper: 0.1 for Gigaword, 0.5 "
+            f"elsewhere); got {hybrid_init!r}. For a fixed weight of 0 or 1 use "
+            f"--encoder-attention-scheme unas or dnas instead."
+        )

@@ -1,0 +1,53 @@
+"""fairseq-dnas: doubly-normalized (DNAS) and hybrid (HNAS) attention for fairseq.
+
+Installation is two-step on purpose; ``scripts/install.sh`` does both (see
+docs/installation.md for why):
+
+1. torch and fairseq, which this file does not pin because the right build
+   depends on the machine: ``torch==2.13.0`` (CPU wheel) or a CUDA build, and
+   ``ve-fairseq==0.12.3`` (Python 3.11/3.12) or ``fairseq==0.12.2`` (<= 3.10)
+   installed with ``--no-deps`` so its ``torchaudio`` requirement does not drag
+   in another torch.
+2. ``pip install -e .``: this package plus fairseq's own runtime
+   dependencies, listed below since fairseq was installed without them.
+"""
+
+from setuptools import find_packages, setup
+
+# fairseq 0.12's runtime requirements minus torchaudio (only its speech models
+# use it, and every torchaudio release pins an exact torch).
+FAIRSEQ_RUNTIME = [
+    "bitarray",
+    "cffi",
+    "cython",
+    "hydra-core>=1.3.2",
+    "numpy>=1.21.3",
+    "omegaconf",
+    "packaging",
+    "regex",
+    "sacrebleu>=1.4.12",
+    "scikit-learn",
+    "tqdm",
+]
+
+setup(
+    name="fairseq-dnas",
+    version="0.1.0",
+    description=(
+        "Doubly-normalized (DNAS) and hybrid (HNAS) attention for fairseq "
+        "(Ding et al., 2020, 'Attention that does not Explain Away')"
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.8",
+    packages=find_packages(include=["fairseq_dnas", "fairseq_dnas.*"]),
+    install_requires=[
+        "torch>=1.13",
+        *FAIRSEQ_RUNTIME,
+        "sentencepiece>=0.1.99",  # Gigaword word pieces
+        "rouge-score>=0.1.2",  # ROUGE (Google's reimplementation of Perl ROUGE)
+        "matplotlib>=3.5",  # analysis pictures
+    ],
+    extras_require={"test": ["pytest>=7"]},
+    license="MIT",
+)

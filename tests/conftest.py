@@ -1,0 +1,39 @@
+import os
+import sys
+
+import pytest
+import torch
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+sys.path.insert(0, TESTS)  # tests import reference.py and helpers.py directly
+
+
+def padding_mask(lengths, total, left_pad):
+    """(B, T) bool mask, True at padding; left padding as fairseq's sources."""
+    mask = torch.ones(len(lengths), total, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        if left_pad:
+            mask[b, total - n:] = False
+        else:
+            mask[b, :n] = False
+    return mask
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def gigaword_dir():
+    """The shared Gigaword sample (``GIGAWORD_DIR``). CI sets
+    FAIRSEQ_DNAS_REQUIRE_DATA=1 so that a missing folder fails instead of
+    skipping."""
+    path = os.environ.get("GIGAWORD_DIR")
+    if path and os.path.isdir(path):
+        return os.path.abspath(path)
+    msg = f"GIGAWORD_DIR not set or missing ({path!r}); set it to ../shared/data/gigaword/sumdata"
+    if os.environ.get("FAIRSEQ_DNAS_REQUIRE_DATA") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)

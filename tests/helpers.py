@@ -1,0 +1,89 @@
+"""Shared helpers: build tiny fairseq models in-process, make tiny data, run CLIs."""
+
+import os
+import random
+import subprocess
+import sys
+
+import torch
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.tasks.translation import TranslationTask
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+USER_DIR = os.path.join(ROOT, "fairseq_dnas")
+BIN = os.path.dirname(sys.executable)  # fairseq-* console scripts of this venv
+
+TINY = [
+    "--encoder-layers", "2", "--decoder-layers", "1",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "2",
+]
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def tiny_args(arch, extra=()):
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(
+        parser, ["unused-data", "--arch", arch, "--user-dir", USER_DIR, *TINY, *extra]
+    )
+
+
+def tiny_dictionary():
+    d = Dictionary()
+    for w in WORDS:
+        d.add_symbol(w)
+    return d
+
+
+def build_model(arch, extra=(), args=None):
+    """A tiny model of ``arch`` in eval mode (dropout off unless asked for)."""
+    args = args or tiny_args(arch, ["--dropout", "0", *extra])
+    d = tiny_dictionary()
+    task = TranslationTask(args, d, d)
+    return task.build_model(args).eval()
+
+
+def random_tokens(lengths, total, dictionary, left_pad=True, seed=0):
+    """(B, T) source tokens ending in </s>, padded on the left or right."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.full((len(lengths), total), dictionary.pad(), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        body = torch.randint(dictionary.nspecial, len(dictionary), (n - 1,), generator=g)
+        row = torch.cat([body, torch.tensor([dictionary.eos()])])
+        if left_pad:
+            tokens[b, total - n:] = row
+        else:
+            tokens[b, :n] = row
+    return tokens
+
+
+def write_parallel_data(folder, sizes=(("train", 300), ("valid", 30), ("test", 25)), seed=0):
+    """Tiny copy-the-first-words task in raw text: <split>.src / <split>.tgt."""
+    rng = random.Random(seed)
+    os.makedirs(folder, exist_ok=True)
+    for split, n in sizes:
+        with open(os.path.join(folder, f"{split}.src"), "w") as s, open(
+            os.path.join(folder, f"{split}.tgt"), "w"
+        ) as t:
+            for _ in range(n):
+                words = [rng.choice(WORDS[:20]) for _ in range(rng.randint(3, 12))]
+                s.write(" ".join(words) + "\n")
+                t.write(" ".join(words[:3]) + "\n")
+
+
+def run(cmd, cwd=None, input=None, check=True, env=None):
+    """Run a fairseq CLI (by name, from this venv) and return the CompletedProcess."""
+    if not os.path.isabs(cmd[0]) and os.path.exists(os.path.join(BIN, cmd[0])):
+        cmd = [os.path.join(BIN, cmd[0]), *cmd[1:]]
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, input=input, capture_output=True, text=True,
+        env={**os.environ, **(env or {})},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
