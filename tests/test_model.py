@@ -143,3 +143,22 @@ def test_unknown_scheme_is_rejected_at_build():
     args.encoder_attention_scheme = "softmax"
     with pytest.raises(ValueError, match="choose one of unas, dnas, hnas"):
         build_model("transformer_dnas", args=args)
+
+
+def test_gigaword_preset_parameter_count_is_the_documented_one():
+    """README: 222,067,200 parameters with a 30,522-entry dictionary (+144 u for HNAS)."""
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.tasks.translation import TranslationTask
+    from helpers import USER_DIR
+
+    d = Dictionary()
+    for i in range(30522 - len(d)):
+        d.add_symbol(f"p{i}")
+    for arch, expected in [("transformer_gigaword", 222_067_200),
+                           ("transformer_hnas_gigaword", 222_067_200 + 12 * 12)]:
+        args = options.parse_args_and_arch(
+            options.get_training_parser(), ["unused-data", "--arch", arch, "--user-dir", USER_DIR]
+        )
+        model = TranslationTask(args, d, d).build_model(args)
+        assert sum(p.numel() for p in model.parameters()) == expected, arch
