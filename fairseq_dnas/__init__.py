@@ -29,3 +29,4 @@ if fairseq is not None:
     checkpoint_compat.install()
 
     from fairseq_dnas import models  # noqa: F401  (registers the architectures)
+    from fairseq_dnas import tasks  # noqa: F401  (registers translation_rouge)

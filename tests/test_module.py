@@ -133,6 +133,13 @@ def test_low_precision_module_is_finite_and_close(dtype, scheme):
     assert w.dtype == torch.float32  # normalization ran in float32
     tol = 5e-2 if dtype == torch.bfloat16 else 1e-2
     torch.testing.assert_close(out.float()[~mask.T], ref[~mask.T], atol=tol, rtol=tol)
+    # A half-precision training step (what --fp16 / --bf16 run) has finite gradients.
+    low.train()
+    x_low = x.to(dtype).requires_grad_()
+    out, _ = low(x_low, x_low, x_low, key_padding_mask=mask)
+    out[~mask.T].float().pow(2).sum().backward()
+    for name, p in low.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
 def test_incremental_or_masked_calls_are_refused():

@@ -2,16 +2,61 @@
 
 ``attend`` is what the fairseq module calls. It takes per-head queries (already
 scaled by 1/sqrt(d)), keys and values of shape (B, H, T, D) and returns the
-output (B, H, T, D) and, when asked, the probabilities (B, H, T, T) computed by
-``fairseq_dnas.attention.functional``.
+output (B, H, T, D) and, when asked, the probabilities (B, H, T, T).
+
+Paths (all compute the same function; ``tests/test_kernels.py`` checks each
+against the float64 reference, forward and gradients):
+
+- ``materialized``: autograd through ``functional`` (the readable reference;
+  the only path for ``sinkhorn_iters > 1``).
+- ``dense``: (B, H, T, T) probabilities with a hand-written backward
+  (``dense.py``); supports attention dropout and ``need_weights``.
+- ``flash``: no T x T matrix; PyTorch's CPU flash-attention kernels with the
+  DNAS key bias and closed-form backward (``fused.py``). CPU, float32/64
+  (a bias rounded to half precision inside the kernel would lose c).
+- ``blockwise``: the same algorithm on a plain-torch kernel that processes
+  query blocks in float32 (``primitives.Blockwise``); any device and dtype.
+- ``fused``: ``flash`` where it applies, else ``blockwise``.
+- ``auto`` (default): ``dense`` for short sequences, attention dropout and
+  ``need_weights``; ``fused`` for long sequences; ``materialized`` for
+  Sinkhorn iterations > 1.
+
+The environment variable ``FAIRSEQ_DNAS_ATTENTION_PATH`` (or the ``path``
+argument) forces a path, for tests and benchmarks.
 """
 
+import os
 from typing import Callable, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
+from fairseq_dnas.attention import primitives
+from fairseq_dnas.attention.dense import dense_probs
+from fairseq_dnas.attention.fused import key_padding_bias, fused_dnas, fused_hnas
+
+PATHS = ("auto", "materialized", "dense", "flash", "blockwise", "fused")
+PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
+
+# Longest sequence for which ``auto`` materializes the T x T probabilities
+# (override: FAIRSEQ_DNAS_DENSE_MAX_LEN). The ``crossover`` section of
+# scripts/benchmark.py (docs/performance.md; 2-core AMD EPYC, torch 2.13)
+# found the dense path faster than the fused one at every length from 64 to
+# 512 positions (time x fairseq: DNAS 1.03-1.15 dense vs 1.16-1.28 fused, HNAS
+# 1.00-1.43 vs 1.26-1.82), but it keeps (B, H, T, T) tensors: past Gigaword's 128 source
+# positions memory, not time, decides, and the fused path keeps peak memory
+# within 1.12x of fairseq's fused attention at any length.
+def _env_length(name: str, default: int) -> int:
+    value = os.environ.get(name, str(default))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"${name} must be an integer (a sequence length); got {value!r}") from None
+
+
+DENSE_MAX_LEN = _env_length("FAIRSEQ_DNAS_DENSE_MAX_LEN", 160)
 
 
 def materialized_probs(
@@ -31,6 +76,95 @@ def materialized_probs(
     return AF.hnas_probs(s, hybrid_weight, kmask, qmask, sinkhorn_iters)
 
 
+def dropout_active(dropout: Optional[Callable[[Tensor], Tensor]]) -> bool:
+    """Whether ``dropout`` (fairseq's ``FairseqDropout``) would drop anything."""
+    if dropout is None:
+        return False
+    p = getattr(dropout, "p", None)
+    if p is None:
+        return True  # an unknown callable: assume it changes the probabilities
+    if p == 0:
+        return False
+    return bool(getattr(dropout, "training", True) or getattr(dropout, "apply_during_inference", False))
+
+
+def choose_path(
+    q: Tensor,
+    *,
+    sinkhorn_iters: int = 1,
+    dropout: bool = False,
+    need_weights: bool = False,
+    path: Optional[str] = None,
+) -> str:
+    """The concrete path ('materialized', 'dense', 'flash' or 'blockwise').
+
+    ``path`` None reads ``FAIRSEQ_DNAS_ATTENTION_PATH`` (default 'auto'). A
+    forced path that cannot run these settings raises ValueError saying why.
+    """
+    requested = path or os.environ.get(PATH_ENV) or "auto"
+    if requested not in PATHS:
+        raise ValueError(
+            f"unknown attention path {requested!r} (argument path= or ${PATH_ENV}); "
+            f"choose one of {', '.join(PATHS)}"
+        )
+    if requested == "materialized":
+        return requested
+    needs_probs = need_weights or dropout
+    if requested == "auto":
+        if sinkhorn_iters > 1:
+            return "materialized"
+        if needs_probs or q.shape[-2] <= DENSE_MAX_LEN:
+            return "dense"
+        requested = "fused"
+    if sinkhorn_iters > 1:
+        raise ValueError(
+            f"attention path {requested!r} runs one normalization round (the paper's DNAS); "
+            f"sinkhorn_iters={sinkhorn_iters} needs path 'materialized' or 'auto'"
+        )
+    if requested == "dense":
+        return requested
+    if needs_probs:
+        what = "attention dropout" if dropout else "need_weights"
+        raise ValueError(
+            f"attention path {requested!r} keeps no probabilities, so it cannot apply "
+            f"{what}; use path 'dense' or 'auto' (or set the attention dropout to 0)"
+        )
+    if requested == "fused":
+        return "flash" if primitives.FlashCPU.supports(q) else "blockwise"
+    if requested == "flash" and not primitives.FlashCPU.available:
+        raise ValueError(
+            f"attention path 'flash' needs PyTorch's CPU flash-attention kernels (torch >= 2.2); "
+            f"this is torch {torch.__version__}. Use 'fused' or 'auto'"
+        )
+    if requested == "flash" and not primitives.FlashCPU.supports(q):
+        raise ValueError(
+            f"attention path 'flash' runs PyTorch's CPU kernels on float32/float64 only; "
+            f"got {q.device.type} {q.dtype}. Use 'fused' or 'auto'"
+        )
+    return requested
+
+
+def _sdpa_takes_scale() -> bool:
+    # F.scaled_dot_product_attention exists from torch 2.0, its ``scale=`` from 2.1.
+    try:
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    except ValueError:
+        return hasattr(F, "scaled_dot_product_attention")
+    return (major, minor) >= (2, 1)
+
+
+SDPA_TAKES_SCALE = _sdpa_takes_scale()
+
+
+def _unas_fused(q, k, v, pad):
+    # Plain softmax attention through the public SDPA (fairseq's own kernel).
+    mask = key_padding_bias(pad, q.dtype)
+    if mask is not None and mask.dtype != q.dtype:  # half precision: NEG does not fit
+        mask = ~pad[:, None, None, :]  # True = may attend
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    return out if pad is None else out.masked_fill(pad[:, None, :, None], 0.0)
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -42,15 +176,39 @@ def attend(
     sinkhorn_iters: int = 1,
     dropout: Optional[Callable[[Tensor], Tensor]] = None,
     need_weights: bool = False,
+    path: Optional[str] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Self-attention output for scaled queries ``q`` and keys/values ``k``, ``v``.
 
     ``padding_mask`` is (B, T), True at padding: the padded positions are both
-    the padded keys and the padded queries. Probabilities are computed in
-    float32 and cast back to the dtype of ``v`` before ``@ V``, as fairseq does.
+    the padded keys and the padded queries; their output rows are 0.
+    Probabilities are computed in float32 and cast back to the dtype of ``v``
+    before ``@ V``, as fairseq does. ``path`` picks the execution path (see the
+    module docstring); all paths give the same result.
     """
-    scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T, T)
-    probs = materialized_probs(scores, scheme, padding_mask, hybrid_weight, sinkhorn_iters)
+    pad = None if padding_mask is None else padding_mask.bool()
+    chosen = choose_path(
+        q,
+        sinkhorn_iters=sinkhorn_iters,
+        dropout=dropout_active(dropout),
+        need_weights=need_weights,
+        path=path,
+    )
+    if chosen in ("flash", "blockwise") and scheme == "unas" and not SDPA_TAKES_SCALE:
+        chosen = "materialized"  # old torch: no public SDPA with scale=
+    if chosen in ("flash", "blockwise"):
+        prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
+        if scheme == "dnas":
+            return fused_dnas(q, k, v, pad, prim), None
+        if scheme == "hnas":
+            return fused_hnas(q, k, v, hybrid_weight, pad, prim), None
+        return _unas_fused(q, k, v, pad), None
+
+    if chosen == "dense" and scheme != "unas":
+        probs = dense_probs(q, k, scheme, pad, hybrid_weight)
+    else:
+        scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T, T)
+        probs = materialized_probs(scores, scheme, pad, hybrid_weight, sinkhorn_iters)
     p = probs.to(v.dtype)
     if dropout is not None:
         p = dropout(p)

@@ -8,6 +8,7 @@ decoder queries do not exist yet.
     fairseq-train DATA --user-dir fairseq_dnas --arch transformer_hnas ...
 """
 
+from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
@@ -108,6 +109,33 @@ class TransformerDNASModel(TransformerModel):
         if not mods or mods[0].hybrid_weight is None:
             return None
         return [m.hybrid_weight.detach().cpu().tolist() for m in mods]
+
+    def set_num_updates(self, num_updates):
+        """fairseq calls this before every training forward (``train_step``);
+        log u here so that it appears in the training log and TensorBoard."""
+        super().set_num_updates(num_updates)
+        if self.training:
+            log_hybrid_weights(self.encoder.attention_modules())
+
+
+def hybrid_metric_name(layer: int) -> str:
+    """``hnas_u_L00``, ``hnas_u_L01``, ...: short, and they sort by layer."""
+    return f"hnas_u_L{layer:02d}"
+
+
+def log_hybrid_weights(modules) -> None:
+    """Log u (Eq. 12) per encoder layer, mean over heads, as fairseq metrics.
+
+    weight=0 keeps the latest value (as fairseq logs ``lr``): the u of the
+    last forward of each log interval, i.e. the u behind the loss printed
+    beside it. The value is a detached tensor, so there is no device sync
+    until fairseq prints. Not all-reduced: u is a parameter, identical on
+    every data-parallel worker, and rank 0 prints.
+    """
+    for layer, m in enumerate(modules):
+        if m.hybrid_weight is not None:
+            u = m.hybrid_weight.detach().mean()
+            metrics.log_scalar(hybrid_metric_name(layer), u, weight=0, priority=900 + layer, round=4)
 
 
 # --- architectures -----------------------------------------------------------

@@ -1,0 +1,35 @@
+# Shared by the Gigaword scripts (sourced, not run).
+#
+# Which Python runs everything: $PYTHON if set, else the repository's .venv
+# (what scripts/install.sh makes), else python3 from PATH. fairseq's tools are
+# started as modules of that interpreter (python -m fairseq_cli.train, and
+# python -m torch.distributed.run for torchrun), so no console script from
+# another environment can sneak in.
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$REPO/.venv/bin/python" ]; then
+    PYTHON="$REPO/.venv/bin/python"
+  else
+    PYTHON="$(command -v python3 || true)"
+  fi
+fi
+USER_DIR="${USER_DIR:-$REPO/fairseq_dnas}"
+
+say() { echo "[$(basename "$0" .sh)] $*" >&2; }
+die() { echo "[$(basename "$0" .sh)] error: $*" >&2; exit 1; }
+
+check_python() {
+  [ -n "$PYTHON" ] && [ -x "$PYTHON" ] || die "no Python found; run 'bash scripts/install.sh' or set PYTHON"
+  "$PYTHON" -c 'import fairseq, fairseq_dnas, sentencepiece, rouge_score' 2>/dev/null \
+    || die "$PYTHON lacks fairseq, fairseq_dnas, sentencepiece or rouge-score; run 'bash scripts/install.sh' (or set PYTHON to the environment that has them)"
+}
+
+# cpu or gpu: DEVICE=auto picks gpu when torch sees one.
+resolve_device() {
+  case "$1" in
+    cpu|gpu) echo "$1" ;;
+    auto) "$PYTHON" -c 'import torch; print("gpu" if torch.cuda.is_available() else "cpu")' ;;
+    *) die "DEVICE=$1: choose cpu, gpu or auto" ;;
+  esac
+}

@@ -1,0 +1,16 @@
+"""Analysis tools behind ``scripts/``: the paper's three pictures for your models.
+
+- ``hybrid``: HNAS weights u (Eq. 12) read from checkpoints (Figures 3-5).
+- ``checkpoints``: load a checkpoint with its task for analysis.
+- ``capture``: per-head attention probabilities of every attention module,
+  captured with forward hooks while the model runs unchanged.
+- ``column_sums``: how much attention each key receives, sum_i pi_ij
+  (Definition 1, Theorem 2, Figure 1).
+- ``explaining_away``: run a model over a binarized split and collect those.
+- ``mode_collapse``: Appendix E, Eq. (13)/(14) and the 1-D/2-D simulations.
+- ``plots``: the matplotlib pictures (Agg backend, no display needed).
+- ``files``: write outputs atomically (temporary file, then rename).
+
+Nothing here is imported by ``import fairseq_dnas``; matplotlib is only
+imported by ``plots``.
+"""

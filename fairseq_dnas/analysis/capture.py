@@ -1,0 +1,115 @@
+"""Per-head attention probabilities of a running fairseq model, captured by hooks.
+
+fairseq's layers call their attention with ``need_weights=False``, and for
+ordinary (non-incremental) calls fairseq's ``MultiheadAttention`` hands the
+work to torch's ``F.multi_head_attention_forward``, which can only return
+weights averaged over heads. So a forward hook on each attention module takes
+the exact inputs of that call and runs the *same module* once more with
+``need_head_weights=True``:
+
+- ``DNASMultiheadAttention`` in 'dnas'/'hnas' mode returns the very
+  probabilities its forward multiplies with V (one code path, ``attend``);
+- fairseq's ``MultiheadAttention`` (UNAS, the decoder, a plain
+  ``transformer``) is sent through its own Python implementation
+  (``skip_embed_dim_check=True`` routes around the torch kernel), the same
+  softmax attention, which returns per-head weights.
+
+Each re-run is checked against the output the model actually produced, so
+what is reported is what the model computed. The model's math is untouched;
+the hooks only add a second call.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import Tensor, nn
+
+# MultiheadAttention.forward's positional parameters, in order.
+_FORWARD_PARAMS = (
+    "query", "key", "value", "key_padding_mask", "incremental_state", "need_weights",
+    "static_kv", "attn_mask", "before_softmax", "need_head_weights",
+)
+
+
+@dataclass
+class Site:
+    """One attention module of the model."""
+
+    kind: str  # 'encoder_self', 'decoder_self' (causal) or 'decoder_cross'
+    layer: int  # 0 = bottom
+    module: nn.Module
+    scheme: str  # 'unas', 'dnas' or 'hnas'
+
+    @property
+    def hybrid_weight(self) -> Optional[List[float]]:
+        u = getattr(self.module, "hybrid_weight", None)
+        return None if u is None else [float(x) for x in u.detach().cpu()]
+
+
+def attention_sites(model, decoder: bool = True) -> List[Site]:
+    """Every attention module of a fairseq encoder-decoder Transformer, bottom up."""
+    sites = []
+    for layer, block in enumerate(model.encoder.layers):
+        m = block.self_attn
+        sites.append(Site("encoder_self", layer, m, getattr(m, "scheme", "unas")))
+    if decoder and getattr(model, "decoder", None) is not None:
+        for layer, block in enumerate(model.decoder.layers):
+            sites.append(Site("decoder_self", layer, block.self_attn, "unas"))
+            if getattr(block, "encoder_attn", None) is not None:
+                sites.append(Site("decoder_cross", layer, block.encoder_attn, "unas"))
+    return sites
+
+
+def call_kwargs(args, kwargs) -> dict:
+    """The keyword form of a ``MultiheadAttention.forward`` call."""
+    merged = dict(zip(_FORWARD_PARAMS, args))
+    merged.update(kwargs)
+    return merged
+
+
+@contextmanager
+def _per_head_path(module, scheme: Optional[str]):
+    """Route the call through code that returns per-head probabilities, and
+    optionally compute one component ('dnas' or 'unas') of an HNAS module."""
+    saved = (module.skip_embed_dim_check, getattr(module, "scheme", None))
+    module.skip_embed_dim_check = True  # fairseq's own Python attention path
+    if scheme is not None:
+        module.scheme = scheme
+    try:
+        yield
+    finally:
+        module.skip_embed_dim_check = saved[0]
+        if scheme is not None:
+            module.scheme = saved[1]
+
+
+def head_probs(module, kwargs: dict, scheme: Optional[str] = None):
+    """Run ``module`` on the captured call ``kwargs`` again, asking for weights.
+
+    Returns (output (T_q, B, C), probabilities (H, B, T_q, T_k)). With
+    ``scheme`` ('dnas' or 'unas') an HNAS module computes that component alone.
+    """
+    if kwargs.get("incremental_state") is not None:
+        raise RuntimeError(
+            "attention capture needs full (teacher-forced) forward passes, not "
+            "incremental decoding"
+        )
+    kw = dict(kwargs, need_weights=True, need_head_weights=True)
+    with _per_head_path(module, scheme), torch.no_grad():
+        out, probs = module.forward(**kw)  # .forward: hooks do not fire again
+    return out, probs
+
+
+def check_same_output(recomputed: Tensor, observed: Tensor, what: str) -> None:
+    """The re-run must reproduce the model's own output (else dropout is on,
+    or the module's math changed): float32 rounding only."""
+    scale = 1.0 + observed.detach().abs().max().item()
+    diff = (recomputed.detach().float() - observed.detach().float()).abs().max().item()
+    if not diff <= 1e-4 * scale:
+        raise RuntimeError(
+            f"{what}: re-running the attention to read its weights gave a "
+            f"different output (max diff {diff:.3g}); put the model in eval mode "
+            "(model.eval()) so that dropout is off"
+        )

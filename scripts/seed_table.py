@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""Build the paper's Table 3 form from rouge_eval.py JSON results: mean +-
+standard error over runs of ROUGE-1/2/L F1, one row per system.
+
+    python scripts/seed_table.py results/*/seed*.rouge.json
+    python scripts/seed_table.py --order transformer,transformer_dnas,transformer_hnas results/*/*.json
+
+Runs are grouped by the JSON's ``label`` (``rouge_eval.py --label``), else by
+the name of the folder holding the file. Standard error = sample standard
+deviation (ddof 1) / sqrt(runs), as the paper reports over 5 runs. A system
+with a single run shows its bootstrap 95% interval over test sentences
+instead (it says nothing about seed-to-seed variation).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections import OrderedDict
+
+TYPES = (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L"))
+NAMES = {
+    "transformer": "UNAS encoder (baseline)",
+    "transformer_dnas": "DNAS encoder",
+    "transformer_hnas": "HNAS encoder",
+}
+
+
+def load(paths):
+    groups = OrderedDict()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+        label = result.get("label") or os.path.basename(os.path.dirname(os.path.abspath(path)))
+        groups.setdefault(label, []).append(result)
+    return groups
+
+
+def cell(results, rouge_type, variant):
+    values = [r[variant][rouge_type]["fmeasure"]["mean"] for r in results]
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        f = results[0][variant][rouge_type]["fmeasure"]
+        return f"{mean:.2f} [{f['low']:.2f}, {f['high']:.2f}]"
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return f"{mean:.2f} ± {sd / math.sqrt(len(values)):.2f}"
+
+
+def table(groups, variant, order=()):
+    labels = [l for l in order if l in groups] + [l for l in groups if l not in order]
+    sizes = {r["sentences"] for rs in groups.values() for r in rs}
+    lines = [
+        f"ROUGE F1 (%), {variant}, {'/'.join(map(str, sorted(sizes)))} test sentences; "
+        "mean ± standard error over runs ([bootstrap 95% interval] for a single run)",
+        "",
+        "| system | runs | " + " | ".join(name for _, name in TYPES) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in TYPES) + " |",
+    ]
+    for label in labels:
+        results = groups[label]
+        cells = [cell(results, t, variant) for t, _ in TYPES]
+        lines.append(f"| {NAMES.get(label, label)} | {len(results)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="+", help="rouge_eval.py --json outputs")
+    p.add_argument("--variant", choices=("stemmed", "unstemmed"), default="stemmed")
+    p.add_argument("--order", default="", help="comma-separated labels to list first")
+    args = p.parse_args(argv)
+    try:
+        groups = load(args.results)
+        print(table(groups, args.variant, [o for o in args.order.split(",") if o]))
+    except (OSError, ValueError, KeyError) as err:
+        print(f"error: cannot read the results ({type(err).__name__}: {err})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

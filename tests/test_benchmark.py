@@ -1,0 +1,81 @@
+"""scripts/benchmark.py --quick runs end to end and writes sane JSON.
+
+No timing is asserted (timings belong to the benchmark, not the tests): only
+that every section ran, ratios are finite and positive, the paths are the
+ones ``auto`` should pick and the attention stayed exact.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from helpers import ROOT
+
+SCRIPT = os.path.join(ROOT, "scripts", "benchmark.py")
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_quick_benchmark_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["machine"]["torch"] and res["machine"]["torch_threads"] >= 1
+    assert res["settings"]["quick"] is True and res["complete"] is True
+
+    module = [r for r in res["module"] if "skipped" not in r]
+    cases = {r["case"] for r in module}
+    assert cases == {"fairseq", "unas", "dnas", "hnas", "sinkhorn3"}
+    for r in module:
+        assert _positive(r["median_ms"]) and _positive(r["time_ratio"]), r
+        assert _positive(r["peak_mib"]) and _positive(r["memory_ratio"]), r
+        if r["case"] == "fairseq":
+            assert r["memory_ratio"] == 1.0
+        if "max_abs_error" in r:
+            assert r["max_abs_error"] <= 1e-5, r
+    # Every DNAS/HNAS row at dropout 0 was checked against the float64 reference.
+    checked = [r for r in module if r["case"] in ("dnas", "hnas", "sinkhorn3") and r["dropout"] == 0.0]
+    assert checked and all("max_abs_error" in r for r in checked)
+    assert {r["path"] for r in module if r["case"] == "sinkhorn3"} == {"materialized"}
+    assert {r["path"] for r in module if r["case"] == "dnas" and r["dropout"] > 0} == {"dense"}
+
+    assert {r["case"] for r in res["crossover"]} == {"fairseq", "dnas-dense", "dnas-fused", "hnas-dense",
+                                                     "hnas-fused"}
+    for section in ("model", "generate"):
+        rows = res[section]
+        assert {r["model"] for r in rows} == {"transformer", "transformer_dnas", "transformer_hnas"}
+        assert all(_positive(r["time_ratio"]) for r in rows)
+    assert all(_positive(r["target_words_per_s"]) for r in res["model"])
+    assert all(_positive(r["sentences_per_s"]) for r in res["generate"])
+    names = {t["target"] for t in res["targets"]}
+    assert {"module_128_dnas_time", "long_dnas_memory", "long_exact", "model_dnas_time"} <= names
+
+    # --render turns the JSON back into the tables of docs/performance.md.
+    md = subprocess.run([sys.executable, SCRIPT, "--render", str(out)], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+    assert md.returncode == 0, md.stderr[-2000:]
+    assert "| T | batch |" in md.stdout and "| transformer_dnas |" in md.stdout
+    assert md.stdout.count("| sinkhorn3 |") == len(res["settings"]["lengths"]) + 1
+
+    # Sections from separate runs (--sections) render together, targets recomputed.
+    first = {k: v for k, v in res.items() if k not in ("model", "generate", "targets")}
+    second = {k: v for k, v in res.items() if k not in ("module", "crossover", "targets")}
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(second))
+    merged = subprocess.run([sys.executable, SCRIPT, "--render", str(tmp_path / "a.json"),
+                             str(tmp_path / "b.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert merged.stdout == md.stdout
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--sections", "module,nonsense"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown section" in proc.stderr
