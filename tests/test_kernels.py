@@ -11,7 +11,7 @@ import torch
 from conftest import padding_mask
 from reference import reference_probs, reference_self_attention
 
-from fairseq_dnas.attention import fused, kernels
+from fairseq_dnas.attention import fused, kernels, primitives
 from fairseq_dnas.attention.kernels import attend, choose_path
 from fairseq_dnas.modules import DNASMultiheadAttention
 
@@ -213,6 +213,30 @@ def test_impossible_paths_say_what_to_change(kwargs, message):
     q = kwargs.pop("q", _q(4))
     with pytest.raises(ValueError, match=message):
         choose_path(q, **kwargs)
+
+
+def test_old_torch_falls_back_without_the_cpu_flash_kernels(monkeypatch):
+    """torch < 2.2 has no CPU flash-attention ops (and < 2.1 no SDPA scale=):
+    ``auto``/``fused`` take the plain-torch kernel and still compute DNAS."""
+    monkeypatch.delenv(kernels.PATH_ENV, raising=False)
+    monkeypatch.setattr(primitives.FlashCPU, "available", False)
+    monkeypatch.setattr(kernels, "SDPA_TAKES_SCALE", False)
+    long = kernels.DENSE_MAX_LEN + 1
+    assert choose_path(_q(long)) == "blockwise"
+    with pytest.raises(ValueError, match="torch >= 2.2"):
+        choose_path(_q(long), path="flash")
+    calls = []
+    blockwise_forward = primitives.BLOCKWISE.forward
+    monkeypatch.setattr(primitives.BLOCKWISE, "forward", lambda *a: calls.append(1) or blockwise_forward(*a))
+    q, k, v = _qkv(torch.float32)
+    mask = _mask("left")
+    for scheme in SCHEMES:
+        calls.clear()
+        u = _u(dtype=torch.float32)
+        out = _run(q, k, v, scheme, mask, u, "fused")
+        ref = _reference_output(q.double(), k.double(), v, scheme, mask, u)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+        assert bool(calls) == (scheme != "unas"), scheme  # unas: the materialized path
 
 
 def test_dropout_activity():
