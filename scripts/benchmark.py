@@ -35,8 +35,7 @@ these sizes. On CUDA, ``torch.cuda.max_memory_allocated`` is used instead.
 
 Examples:
     python scripts/benchmark.py --quick --json /tmp/bench.json     # CI, < 1 min
-    flock /tmp/fairseq-dnas-cpu.lock python scripts/benchmark.py \\
-        --json docs/benchmark-cpu.json                              # about 1 hour on 2 cores
+    python scripts/benchmark.py --json bench-cpu.json               # about 30 min on 2 cores
 
 Exit status 0 on success, 2 for bad arguments.
 """
@@ -49,7 +48,6 @@ import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -58,6 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # reference.py: the float64 Algorithm 1
 
+from fairseq_dnas.analysis.files import write_json  # noqa: E402  (temporary file, then rename)
 from fairseq_dnas.attention import kernels  # noqa: E402
 
 USER_DIR = os.path.join(ROOT, "fairseq_dnas")
@@ -644,15 +643,6 @@ def merge_results(paths):
     quick = any(r.get("settings", {}).get("quick") for r in runs)
     res["targets"] = target_report(res, [t for t in lengths if t >= (2048 if not quick else lengths[-1])])
     return res
-
-
-def write_json(path, data):
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".benchmark-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:

@@ -113,19 +113,21 @@ def clean(args):
     excluded = load_excluded(args.exclude_articles, args.unk_to)
     tmp = {side: f"{args.out_prefix}.{side}.tmp" for side in ("article", "title")}
     os.makedirs(os.path.dirname(os.path.abspath(args.out_prefix)), exist_ok=True)
-    totals = {"read": 0, "kept": 0, "empty": 0, "excluded": 0}
+    totals = {"read": 0, "kept": 0, "empty": 0, "excluded": 0, "empty_kept": 0}
     try:
         with open(tmp["article"], "w", encoding="utf-8") as fa, \
                 open(tmp["title"], "w", encoding="utf-8") as ft:
             for (article, title), n in zip(args.pair, counts):
-                stats = {"read": 0, "kept": 0, "empty": 0, "excluded": 0}
+                stats = {"read": 0, "kept": 0, "empty": 0, "excluded": 0, "empty_kept": 0}
                 lines = zip(read_lines(article, args.max_pairs), read_lines(title, args.max_pairs))
                 for a, t in lines:
                     stats["read"] += 1
                     a, t = normalize(a, args.unk_to), normalize(t, args.unk_to)
-                    if not args.keep_empty and (not a or not t):
-                        stats["empty"] += 1
-                        continue
+                    if not a or not t:
+                        if not args.keep_empty:
+                            stats["empty"] += 1
+                            continue
+                        stats["empty_kept"] += int(not a) + int(not t)
                     if a in excluded:
                         stats["excluded"] += 1
                         continue
@@ -162,13 +164,9 @@ def main(argv=None):
         os.remove(f"{args.out_prefix}.article")
         os.remove(f"{args.out_prefix}.title")
         return 1
-    if args.keep_empty:
-        # Count (not drop) empty test sides so that they are visible.
-        empty = sum(1 for line in read_lines(f"{args.out_prefix}.article") if not line) + \
-            sum(1 for line in read_lines(f"{args.out_prefix}.title") if not line)
-        if empty:
-            print(f"[pairs] warning: {empty} empty article/title lines kept in "
-                  f"{args.out_prefix} (--keep-empty)", file=sys.stderr)
+    if totals["empty_kept"]:  # --keep-empty: counted, not dropped, so that they are visible
+        print(f"[pairs] warning: {totals['empty_kept']} empty article/title lines kept in "
+              f"{args.out_prefix} (--keep-empty)", file=sys.stderr)
     print(f"[pairs] {args.out_prefix}: {totals['kept']} pairs (of {totals['read']} read; "
           f"{totals['empty']} empty dropped, {totals['excluded']} held-out dropped)",
           file=sys.stderr)

@@ -216,11 +216,10 @@ def test_impossible_paths_say_what_to_change(kwargs, message):
 
 
 def test_old_torch_falls_back_without_the_cpu_flash_kernels(monkeypatch):
-    """torch < 2.2 has no CPU flash-attention ops (and < 2.1 no SDPA scale=):
-    ``auto``/``fused`` take the plain-torch kernel and still compute DNAS."""
+    """torch < 2.2 has no CPU flash-attention ops: ``auto``/``fused`` take the
+    plain-torch kernel and still compute DNAS/HNAS."""
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     monkeypatch.setattr(primitives.FlashCPU, "available", False)
-    monkeypatch.setattr(kernels, "SDPA_TAKES_SCALE", False)
     long = kernels.DENSE_MAX_LEN + 1
     assert choose_path(_q(long)) == "blockwise"
     with pytest.raises(ValueError, match="torch >= 2.2"):

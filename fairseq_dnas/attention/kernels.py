@@ -21,6 +21,9 @@ against the float64 reference, forward and gradients):
   ``need_weights``; ``fused`` for long sequences; ``materialized`` for
   Sinkhorn iterations > 1.
 
+'unas' always runs ``materialized`` here: the fairseq module never calls
+``attend`` for it (it hands UNAS to fairseq's own attention).
+
 The environment variable ``FAIRSEQ_DNAS_ATTENTION_PATH`` (or the ``path``
 argument) forces a path, for tests and benchmarks.
 """
@@ -29,13 +32,12 @@ import os
 from typing import Callable, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
 from fairseq_dnas.attention import primitives
 from fairseq_dnas.attention.dense import dense_probs
-from fairseq_dnas.attention.fused import key_padding_bias, fused_dnas, fused_hnas
+from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
 
 PATHS = ("auto", "materialized", "dense", "flash", "blockwise", "fused")
 PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
@@ -144,27 +146,6 @@ def choose_path(
     return requested
 
 
-def _sdpa_takes_scale() -> bool:
-    # F.scaled_dot_product_attention exists from torch 2.0, its ``scale=`` from 2.1.
-    try:
-        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    except ValueError:
-        return hasattr(F, "scaled_dot_product_attention")
-    return (major, minor) >= (2, 1)
-
-
-SDPA_TAKES_SCALE = _sdpa_takes_scale()
-
-
-def _unas_fused(q, k, v, pad):
-    # Plain softmax attention through the public SDPA (fairseq's own kernel).
-    mask = key_padding_bias(pad, q.dtype)
-    if mask is not None and mask.dtype != q.dtype:  # half precision: NEG does not fit
-        mask = ~pad[:, None, None, :]  # True = may attend
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-    return out if pad is None else out.masked_fill(pad[:, None, :, None], 0.0)
-
-
 def attend(
     q: Tensor,
     k: Tensor,
@@ -194,17 +175,17 @@ def attend(
         need_weights=need_weights,
         path=path,
     )
-    if chosen in ("flash", "blockwise") and scheme == "unas" and not SDPA_TAKES_SCALE:
-        chosen = "materialized"  # old torch: no public SDPA with scale=
+    if scheme == "unas":
+        # The plugin's module hands UNAS to fairseq's own attention; here it is
+        # only reached by direct callers (tests, benchmarks): the reference math.
+        chosen = "materialized"
     if chosen in ("flash", "blockwise"):
         prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
         if scheme == "dnas":
             return fused_dnas(q, k, v, pad, prim), None
-        if scheme == "hnas":
-            return fused_hnas(q, k, v, hybrid_weight, pad, prim), None
-        return _unas_fused(q, k, v, pad), None
+        return fused_hnas(q, k, v, hybrid_weight, pad, prim), None
 
-    if chosen == "dense" and scheme != "unas":
+    if chosen == "dense":
         probs = dense_probs(q, k, scheme, pad, hybrid_weight)
     else:
         scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T, T)
