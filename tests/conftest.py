@@ -8,6 +8,12 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 sys.path.insert(0, TESTS)  # tests import reference.py and helpers.py directly
 
+# Without a GPU the Triton kernels run on CPU tensors under Triton's
+# interpreter. Triton reads the variable when the kernels are defined, so it
+# is set before any test imports fairseq_dnas.attention.triton_flash.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def padding_mask(lengths, total, left_pad):
     """(B, T) bool mask, True at padding; left padding as fairseq's sources."""

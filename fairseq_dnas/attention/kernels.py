@@ -17,9 +17,16 @@ against the float64 reference, forward and gradients):
 - ``blockwise``: the same algorithm on a plain-torch kernel that processes
   query blocks in float32 (``primitives.Blockwise``); any device and dtype.
 - ``fused``: ``flash`` where it applies, else ``blockwise``.
-- ``auto`` (default): ``dense`` for short sequences, attention dropout and
-  ``need_weights``; ``fused`` for long sequences; ``materialized`` for
-  Sinkhorn iterations > 1.
+- ``triton``: Triton kernels (``triton_flash.py``), no T x T matrix forward
+  or backward, attention dropout inside the kernel; CUDA tensors (CPU tensors
+  only under Triton's interpreter, ``TRITON_INTERPRET=1``, for tests);
+  float16/bfloat16/float32, head size <= 128. ``need_weights`` is served by a
+  separate dense computation of the (pre-dropout) probabilities, outside
+  autograd.
+- ``auto`` (default): on CUDA ``triton`` wherever it applies (any length,
+  with or without dropout; ``dense`` when the weights are asked for); on CPU
+  ``dense`` for short sequences, attention dropout and ``need_weights``,
+  ``fused`` for long sequences; ``materialized`` for Sinkhorn iterations > 1.
 
 'unas' always runs ``materialized`` here: the fairseq module never calls
 ``attend`` for it (it hands UNAS to fairseq's own attention).
@@ -28,6 +35,7 @@ The environment variable ``FAIRSEQ_DNAS_ATTENTION_PATH`` (or the ``path``
 argument) forces a path, for tests and benchmarks.
 """
 
+import importlib.util
 import os
 from typing import Callable, Optional, Tuple
 
@@ -39,7 +47,7 @@ from fairseq_dnas.attention import primitives
 from fairseq_dnas.attention.dense import dense_probs
 from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
 
-PATHS = ("auto", "materialized", "dense", "flash", "blockwise", "fused")
+PATHS = ("auto", "materialized", "dense", "flash", "blockwise", "fused", "triton")
 PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
 
 # Longest sequence for which ``auto`` materializes the T x T probabilities
@@ -76,6 +84,34 @@ def materialized_probs(
     if scheme == "dnas":
         return AF.dnas_probs(s, kmask, qmask, sinkhorn_iters)
     return AF.hnas_probs(s, hybrid_weight, kmask, qmask, sinkhorn_iters)
+
+
+def triton_problem(q: Tensor) -> Optional[str]:
+    """Why the ``triton`` path cannot run on ``q``, or None if it can.
+
+    Checked without importing triton, so CPU users never pay for it.
+    """
+    if importlib.util.find_spec("triton") is None:
+        return "it needs the triton package (CUDA builds of torch ship it; else: pip install triton)"
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return (
+            f"it runs on CUDA tensors (got {q.device.type}); CPU tensors only under Triton's "
+            f"interpreter (TRITON_INTERPRET=1, slow: meant for tests)"
+        )
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"it takes float16, bfloat16 or float32 inputs (got {q.dtype})"
+    if q.shape[-1] > 128:
+        return f"it takes head sizes up to 128 (got {q.shape[-1]})"
+    return None
+
+
+def dropout_p(dropout: Optional[Callable[[Tensor], Tensor]]) -> Optional[float]:
+    """The drop probability of an active ``dropout``: 0.0 if it drops nothing,
+    None if it is active but of unknown kind (no ``p``)."""
+    if not dropout_active(dropout):
+        return 0.0
+    p = getattr(dropout, "p", None)
+    return None if p is None else float(p)
 
 
 def dropout_active(dropout: Optional[Callable[[Tensor], Tensor]]) -> bool:
@@ -115,6 +151,8 @@ def choose_path(
     if requested == "auto":
         if sinkhorn_iters > 1:
             return "materialized"
+        if q.device.type == "cuda" and not need_weights and triton_problem(q) is None:
+            return "triton"
         if needs_probs or q.shape[-2] <= DENSE_MAX_LEN:
             return "dense"
         requested = "fused"
@@ -124,6 +162,11 @@ def choose_path(
             f"sinkhorn_iters={sinkhorn_iters} needs path 'materialized' or 'auto'"
         )
     if requested == "dense":
+        return requested
+    if requested == "triton":
+        problem = triton_problem(q)
+        if problem is not None:
+            raise ValueError(f"attention path 'triton' cannot run here: {problem}. Use 'auto'")
         return requested
     if needs_probs:
         what = "attention dropout" if dropout else "need_weights"
@@ -179,6 +222,8 @@ def attend(
         # The plugin's module hands UNAS to fairseq's own attention; here it is
         # only reached by direct callers (tests, benchmarks): the reference math.
         chosen = "materialized"
+    if chosen == "triton":
+        return _attend_triton(q, k, v, scheme, pad, hybrid_weight, dropout, need_weights)
     if chosen in ("flash", "blockwise"):
         prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
         if scheme == "dnas":
@@ -195,3 +240,26 @@ def attend(
         p = dropout(p)
     out = torch.matmul(p, v)  # (B, H, T, D)
     return out, (probs if need_weights else None)
+
+
+def _attend_triton(q, k, v, scheme, pad, hybrid_weight, dropout, need_weights):
+    from fairseq_dnas.attention import triton_flash  # imports triton: only when chosen
+
+    p = dropout_p(dropout)
+    if p is None:
+        raise ValueError(
+            "attention path 'triton' applies dropout inside its kernels and needs its "
+            "probability: pass a dropout module with a `p` attribute (fairseq's FairseqDropout)"
+        )
+    out = triton_flash.triton_attention(
+        q, k, v,
+        hybrid_weight=hybrid_weight if scheme == "hnas" else None,
+        key_padding_mask=pad,
+        query_padding_mask=pad,
+        dropout_p=p,
+    )
+    weights = None
+    if need_weights:  # the pre-dropout probabilities, as fairseq returns them
+        with torch.no_grad():
+            weights = dense_probs(q, k, scheme, pad, hybrid_weight)
+    return out, weights

@@ -1,0 +1,579 @@
+"""DNAS/HNAS attention as Triton kernels: no T_q x T_k matrix, forward and backward.
+
+The GPU execution path (``kernels.py`` chooses it on CUDA). The same kernels
+run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``), which
+is how CI tests them without a GPU. Written after the structure of Triton's
+fused-attention tutorial (online softmax over key blocks, a key-major and a
+query-major backward pass that recompute the probabilities from the saved
+row log-sum-exp); the algorithm is the paper's Algorithm 1 through the
+log-domain identity of ``../shared/docs/attention-math.md``.
+
+Notation: scaled queries q_i (i < T_q), keys k_j and values v_j (j < T_k),
+scores s[i, j] = q_i . k_j; "real" positions are those that are not padding.
+
+Forward
+    1. ``_column_lse_kernel`` (one program per key block): the DNAS column
+       normalizer over the real queries, Algorithm 1 step 4,
+           c[j] = logsumexp_i s[i, j].
+       One matmul (K Q^T) per (key block, query block).
+    2. ``_forward_kernel`` (one program per query block): online softmax over
+       the key blocks with the key bias -c[j],
+           pi_D[i, j] = softmax_j(s[i, j] - c[j]),  r[i] its row log-sum-exp,
+       and, for HNAS, a second online softmax of the same scores (UNAS, step 3,
+       row lse r_u[i]) with its own accumulator; the output is
+           out_i = u O_D,i + (1 - u) O_U,i                     (step 5, Eq. 12).
+       Attention dropout multiplies the final probabilities (the HNAS
+       mixture, one mask for both parts) by Z[i, j] / (1 - p), Z ~ Bernoulli(1 - p)
+       drawn by Philox from (seed, (b H + h) T_q T_k + i T_k + j), so that the
+       backward replays the very same mask without storing it.
+
+Backward (dO the upstream gradient, Z' = Z / (1 - p) or 1 without dropout,
+G[i, j] = Z'[i, j] (dO_i . v_j) = dL/dpi before dropout):
+    0. ``_backward_preprocess_kernel``: E_D[i] = u dO_i . O_D,i and
+       E_U[i] = dO_i . out_i - E_D[i] (= (1 - u) dO_i . O_U,i), the D_i of
+       flash attention per part, weighted so that nothing is divided by u or
+       1 - u. DNAS: u = 1, E_D[i] = dO_i . out_i.
+    1. ``_backward_kv_kernel`` (one program per key block), with
+           t[i, j]  = pi_D[i, j] (u G[i, j] - E_D[i])       (softmax gradient at fixed c)
+           dc[j]    = -sum_i t[i, j]                         (gradient through c)
+           xi[i, j] = pi_D[i, j] exp(r[i])                   (= exp(s - c), d c[j] / d s[i, j])
+           ds[i, j] = t[i, j] + xi[i, j] dc[j] + pi_U[i, j] ((1 - u) G[i, j] - E_U[i])
+       accumulates dv_j = sum_i Z'[i, j] pi_H[i, j] dO_i, dc[j], and
+       dk_j = sum_i ds[i, j] q_i = sum_i (t + hnas term)[i, j] q_i + dc[j] sum_i xi[i, j] q_i
+       (the two sums accumulate side by side since dc[j] is known only at the
+       end), and dL/du = sum_ij G[i, j] (pi_D - pi_U)[i, j] per key block.
+       Five matmuls per block pair: K Q^T, V dO^T, and three into dv / dk.
+    2. ``_backward_q_kernel`` (one program per query block): dq_i = sum_j ds[i, j] k_j
+       with the dc from step 1. Three matmuls per block pair.
+
+So DNAS costs 3 + 8 matmuls per block pair against 2 + 7 for the tutorial's
+softmax attention (2 + 5 for FlashAttention-2, whose dq uses atomics), and
+keeps O(T) extra memory per head: c, dc, r (and r_u, E_U) in float32, plus,
+for HNAS, O_D in the input dtype (so that its D_i needs no extra pass).
+
+Padding: one mask for keys and one for queries (the same tensor for
+self-attention). Padded keys get probability 0; padded queries are left out
+of c and their output rows are 0 (their dO is ignored). Scores and every
+reduction are float32 (``tl.dot`` accumulates in float32; float32 inputs use
+``input_precision="ieee"``, no TF32), probabilities are cast to the dtype of
+v before the products with v, as fairseq does.
+"""
+
+import os
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+# Triton reads TRITON_INTERPRET when the kernels are decorated (at import).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+
+# Tiles per kernel: (BLOCK_M queries, BLOCK_N keys, warps), by head size.
+# Chosen, without a GPU to time them, as the largest tiles that compile for
+# sm_90 without register spills (ptxas -v on Triton 3.9's output, every
+# HYBRID x DROPOUT variant, fp16): the backward kv kernel holds three
+# (BLOCK_N, D) float32 accumulators, the Philox draws of dropout need
+# registers of their own. scripts/benchmark.py --device cuda measures them.
+# Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
+# sequences span several blocks and ragged tails.
+GPU_TILES = {
+    64: dict(column=(64, 64, 4), forward=(64, 32, 4), backward_kv=(32, 64, 8), backward_q=(64, 32, 4)),
+    128: dict(column=(64, 64, 4), forward=(64, 32, 4), backward_kv=(32, 32, 4), backward_q=(32, 64, 4)),
+}
+INTERPRETER_TILES = dict.fromkeys(("column", "forward", "backward_kv", "backward_q"), (16, 16, 1))
+STAGES = 2
+
+
+def _tiles(kernel: str, d: int):
+    if INTERPRETED:
+        return INTERPRETER_TILES[kernel]
+    return GPU_TILES[64 if d <= 64 else 128][kernel]
+
+
+NEG_INIT = tl.constexpr(-1.0e30)  # start of running maxima: finite, so NEG_INIT - NEG_INIT = 0, never NaN
+
+
+# --------------------------------------------------------------------------
+# Small device helpers
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _real(PAD, b, offs, T, HAS_PAD: tl.constexpr):
+    """True at positions inside [0, T) that are not padding (PAD is (B, T) uint8)."""
+    inside = offs < T
+    if HAS_PAD:
+        padded = tl.load(PAD + b * T + offs, mask=inside, other=1)
+        inside = inside & (padded == 0)
+    return inside
+
+
+@triton.jit
+def _load_tile(base, offs_t, offs_d, stride_t, stride_d, rows_ok, D):
+    """A (len(offs_t), BLOCK_D) tile; rows where rows_ok is False and columns >= D read 0."""
+    ptrs = base + offs_t[:, None] * stride_t + offs_d[None, :] * stride_d
+    return tl.load(ptrs, mask=rows_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _store_tile(base, x, offs_t, offs_d, stride_t, stride_d, T, D):
+    ptrs = base + offs_t[:, None] * stride_t + offs_d[None, :] * stride_d
+    tl.store(ptrs, x, mask=(offs_t[:, None] < T) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _keep(seed, bh, offs_m, offs_n, TQ, TK, p_drop):
+    """Dropout mask Z[i, j] (True = kept) for rows offs_m, columns offs_n: one
+    Philox draw per (batch * head, i, j), the same in every kernel."""
+    offsets = (bh.to(tl.int64) * TQ + offs_m[:, None]) * TK + offs_n[None, :]
+    return tl.rand(seed, offsets) >= p_drop
+
+
+@triton.jit
+def _keep_t(seed, bh, offs_n, offs_m, TQ, TK, p_drop):
+    """The same mask, transposed: rows are keys offs_n, columns queries offs_m."""
+    offsets = (bh.to(tl.int64) * TQ + offs_m[None, :]) * TK + offs_n[:, None]
+    return tl.rand(seed, offsets) >= p_drop
+
+
+# --------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _column_lse_kernel(
+    Q, K, C, QPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
+    H, TQ, TK, D,
+    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """c[j] = logsumexp over real queries i of s[i, j] (Algorithm 1, step 4's
+    column normalizer); 0 for a key no real query sees. Computed as the row
+    lse of the transposed scores K Q^T, so the reduction runs along axis 1."""
+    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = b * H + h
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    m = tl.full([BLOCK_N], NEG_INIT, tl.float32)
+    l = tl.zeros([BLOCK_N], tl.float32)
+    for start_m in range(0, TQ, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M): s[i, j] transposed
+        s_t = tl.where(real_q[None, :], s_t, float("-inf"))  # padded queries stay out of c
+        m_new = tl.maximum(m, tl.max(s_t, 1))
+        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s_t - m_new[:, None]), 1)
+        m = m_new
+    c = tl.where(l > 0, m + tl.log(l), 0.0)
+    tl.store(C + bh * TK + offs_n, c, mask=offs_n < TK)
+
+
+@triton.jit
+def _forward_kernel(
+    Q, K, V, C, U, SEED, OUT, OD, RD, RU, QPAD, KPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    so_b, so_h, so_t, so_d,
+    H, TQ, TK, D, p_drop,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """out = pi V for one query block: DNAS (softmax with key bias -c), and for
+    HNAS the UNAS softmax of the same scores in a second accumulator."""
+    pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = b * H + h
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    if DROPOUT:
+        seed = tl.load(SEED)
+    m_d = tl.full([BLOCK_M], NEG_INIT, tl.float32)
+    l_d = tl.zeros([BLOCK_M], tl.float32)
+    acc_d = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if HYBRID:
+        m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
+        l_u = tl.zeros([BLOCK_M], tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, TK, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
+        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
+        s = tl.where(real_k[None, :], s, float("-inf"))  # padded keys: weight 0
+        if DROPOUT:
+            keep = _keep(seed, bh, offs_m, offs_n, TQ, TK, p_drop)
+        # DNAS: online softmax of s - c (step 4 as a key bias).
+        s_d = s - c[None, :]
+        m_new = tl.maximum(m_d, tl.max(s_d, 1))
+        p = tl.exp(s_d - m_new[:, None])
+        alpha = tl.exp(m_d - m_new)
+        l_d = l_d * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            p = tl.where(keep, p, 0.0)
+        acc_d = acc_d * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_d = m_new
+        if HYBRID:  # UNAS: online softmax of s (step 3)
+            m_new = tl.maximum(m_u, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_u - m_new)
+            l_u = l_u * alpha + tl.sum(p, 1)
+            if DROPOUT:
+                p = tl.where(keep, p, 0.0)
+            acc_u = acc_u * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_u = m_new
+    # Rows without a real key (an all-padding sentence) have l = 0: output 0.
+    ok_d = real_q & (l_d > 0)
+    scale = 1.0 / (1.0 - p_drop) if DROPOUT else 1.0
+    o_d = tl.where(ok_d[:, None], acc_d * (scale / tl.where(ok_d, l_d, 1.0))[:, None], 0.0)
+    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log(l_d), 0.0), mask=offs_m < TQ)
+    out_base = OUT + b * so_b + h * so_h
+    if HYBRID:
+        u = tl.load(U + h)
+        ok_u = real_q & (l_u > 0)
+        o_u = tl.where(ok_u[:, None], acc_u * (scale / tl.where(ok_u, l_u, 1.0))[:, None], 0.0)
+        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), 0.0), mask=offs_m < TQ)
+        _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
+        out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
+    else:
+        out = o_d
+    _store_tile(out_base, out.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
+
+
+# --------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _backward_preprocess_kernel(
+    OUT, OD, DO, U, ED, EU, QPAD,
+    so_b, so_h, so_t, so_d, sdo_b, sdo_h, sdo_t, sdo_d,
+    H, TQ, D,
+    HYBRID: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """E_D[i] = u dO_i . O_D,i and E_U[i] = dO_i . out_i - E_D[i] (0 at padded rows)."""
+    pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = b * H + h
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D).to(tl.float32)
+    out = _load_tile(OUT + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
+    delta = tl.sum(do * out, 1)  # D_i = dO_i . out_i
+    if HYBRID:
+        u = tl.load(U + h)
+        o_d = _load_tile(OD + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
+        e_d = u * tl.sum(do * o_d, 1)
+        tl.store(EU + bh * TQ + offs_m, delta - e_d, mask=offs_m < TQ)
+    else:
+        e_d = delta
+    tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
+
+
+@triton.jit
+def _backward_kv_kernel(
+    Q, K, V, C, U, SEED, DO, RD, RU, ED, EU, DK, DV, DC, DU, QPAD, KPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    H, TQ, TK, D, p_drop,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dk, dv, dc (and this block's share of dL/du) for one key block; every
+    tile is held transposed, (keys, queries)."""
+    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = b * H + h
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+    if HYBRID:
+        u = tl.load(U + h)
+    else:
+        u = 1.0
+    if DROPOUT:
+        seed = tl.load(SEED)
+        scale = 1.0 / (1.0 - p_drop)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk_t = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (ds - xi dc)[i, j] q_i
+    dk_x = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i xi[i, j] q_i
+    dc = tl.zeros([BLOCK_N], tl.float32)
+    du = tl.zeros([BLOCK_N], tl.float32)
+    for start_m in range(0, TQ, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        valid = real_k[:, None] & real_q[None, :]
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
+        p_d = tl.where(valid, tl.exp(s_t - c[:, None] - r_d[None, :]), 0.0)  # pi_D^T
+        g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
+        if DROPOUT:
+            keep = _keep_t(seed, bh, offs_n, offs_m, TQ, TK, p_drop)
+            g = tl.where(keep, g * scale, 0.0)  # G = Z' (dO V^T)
+        t = p_d * (u * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
+        dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
+        xi = p_d * tl.exp(r_d)[None, :]  # column softmax exp(s - c) = d c[j] / d s[i, j]
+        dk_x += tl.dot(xi.to(q.dtype), q, input_precision=PRECISION)
+        if HYBRID:
+            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+            p_u = tl.where(valid, tl.exp(s_t - r_u[None, :]), 0.0)  # pi_U^T
+            t += p_u * ((1.0 - u) * g - e_u[None, :])
+            du += tl.sum(g * (p_d - p_u), 1)  # dL/du = <G, pi_D - pi_U>
+            p = u * p_d + (1.0 - u) * p_u
+        else:
+            p = p_d
+        if DROPOUT:
+            p = tl.where(keep, p * scale, 0.0)
+        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)  # dv_j = sum_i Z' pi_H dO_i
+        dk_t += tl.dot(t.to(q.dtype), q, input_precision=PRECISION)
+    dk = dk_t + dc[:, None] * dk_x  # ds[i, j] = t[i, j] + xi[i, j] dc[j]
+    _store_tile(DK + b * sk_b + h * sk_h, dk.to(DK.dtype.element_ty), offs_n, offs_d, sk_t, sk_d, TK, D)
+    _store_tile(DV + b * sv_b + h * sv_h, dv.to(DV.dtype.element_ty), offs_n, offs_d, sv_t, sv_d, TK, D)
+    tl.store(DC + bh * TK + offs_n, dc, mask=offs_n < TK)
+    if HYBRID:
+        tl.store(DU + bh * tl.num_programs(0) + pid_n, tl.sum(du, 0))
+
+
+@triton.jit
+def _backward_q_kernel(
+    Q, K, V, C, U, SEED, DO, RD, RU, ED, EU, DC, DQ, QPAD, KPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    H, TQ, TK, D, p_drop,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dq_i = sum_j ds[i, j] k_j for one query block, with dc from the kv pass."""
+    pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = b * H + h
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+    r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+    e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+    exp_r = tl.exp(r_d)
+    if HYBRID:
+        u = tl.load(U + h)
+        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+    else:
+        u = 1.0
+    if DROPOUT:
+        seed = tl.load(SEED)
+        scale = 1.0 / (1.0 - p_drop)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, TK, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
+        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+        dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+        valid = real_q[:, None] & real_k[None, :]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
+        p_d = tl.where(valid, tl.exp(s - c[None, :] - r_d[:, None]), 0.0)
+        g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            g = tl.where(_keep(seed, bh, offs_m, offs_n, TQ, TK, p_drop), g * scale, 0.0)
+        # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
+        ds = p_d * (u * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
+        if HYBRID:
+            p_u = tl.where(valid, tl.exp(s - r_u[:, None]), 0.0)
+            ds += p_u * ((1.0 - u) * g - e_u[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    _store_tile(DQ + b * sq_b + h * sq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sq_t, sq_d, TQ, D)
+
+
+# --------------------------------------------------------------------------
+# Launchers and autograd
+# --------------------------------------------------------------------------
+
+
+def _strides(x: Tensor):
+    return tuple(x.stride())
+
+
+def _pad_arg(pad: Optional[Tensor], like: Tensor) -> Tensor:
+    """(B, T) bool -> uint8 view for the kernels (a dummy when there is none)."""
+    if pad is None:
+        return like.new_zeros((1,), dtype=torch.uint8)
+    return pad.contiguous().view(torch.uint8)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs: exact float32 products (TF32 would miss the 1e-5 target).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _output_buffer(q: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, H, T, D) laid out as (T, B, H, D): the fairseq module's reshape of
+    the output to (T, B, C) is then a view (as in fused.py)."""
+    b, h, t, d = q.shape
+    return q.new_empty((t, b, h, d), dtype=dtype).permute(1, 2, 0, 3)
+
+
+def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
+    bsz, heads, tq, d = q.shape
+    tk = k.shape[2]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    hybrid, dropout, has_pad = u is not None, p_drop > 0, kpad is not None
+    c = torch.empty((bsz, heads, tk), **f32)
+    r_d = torch.empty((bsz, heads, tq), **f32)
+    r_u = torch.empty((bsz, heads, tq), **f32) if hybrid else r_d
+    out = _output_buffer(q, v.dtype)
+    o_d = _output_buffer(q, v.dtype) if hybrid else out
+    qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
+    meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), BLOCK_D=_block_d(d), num_stages=STAGES)
+    bm, bn, warps = _tiles("column", d)
+    _column_lse_kernel[(triton.cdiv(tk, bn), heads, bsz)](
+        q, k, c, qpad_arg, *_strides(q), *_strides(k), heads, tq, tk, d,
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **meta,
+    )
+    bm, bn, warps = _tiles("forward", d)
+    _forward_kernel[(triton.cdiv(tq, bm), heads, bsz)](
+        q, k, v, c, u if hybrid else c, seed, out, o_d, r_d, r_u, qpad_arg, kpad_arg,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        heads, tq, tk, d, float(p_drop),
+        HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **meta,
+    )
+    return out, o_d, c, r_d, r_u
+
+
+def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u):
+    bsz, heads, tq, d = q.shape
+    tk = k.shape[2]
+    hybrid, dropout, has_pad = u is not None, p_drop > 0, kpad is not None
+    f32 = dict(dtype=torch.float32, device=q.device)
+    e_d = torch.empty((bsz, heads, tq), **f32)
+    e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
+    dc = torch.empty((bsz, heads, tk), **f32)
+    kv_m, kv_n, kv_warps = _tiles("backward_kv", d)
+    n_kblocks = triton.cdiv(tk, kv_n)
+    du_part = torch.empty((bsz, heads, n_kblocks), **f32) if hybrid else dc
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
+    u_arg = u if hybrid else c
+    meta = dict(HAS_PAD=has_pad, BLOCK_D=_block_d(d), num_stages=STAGES)
+    flags = dict(HYBRID=hybrid, DROPOUT=dropout, PRECISION=_precision(q.dtype), **meta)
+    bm, _, warps = _tiles("forward", d)
+    _backward_preprocess_kernel[(triton.cdiv(tq, bm), heads, bsz)](
+        out, o_d, do, u_arg, e_d, e_u, qpad_arg, *_strides(out), *_strides(do), heads, tq, d,
+        HYBRID=hybrid, BLOCK_M=bm, num_warps=warps, **meta,
+    )
+    _backward_kv_kernel[(n_kblocks, heads, bsz)](
+        q, k, v, c, u_arg, seed, do, r_d, r_u, e_d, e_u, dk, dv, dc, du_part, qpad_arg, kpad_arg,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), heads, tq, tk, d, float(p_drop),
+        BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, **flags,
+    )
+    bm, bn, warps = _tiles("backward_q", d)
+    _backward_q_kernel[(triton.cdiv(tq, bm), heads, bsz)](
+        q, k, v, c, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, qpad_arg, kpad_arg,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), heads, tq, tk, d, float(p_drop),
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **flags,
+    )
+    du = du_part.sum(dim=(0, 2)) if hybrid else None
+    return dq, dk, dv, du
+
+
+class TritonAttention(torch.autograd.Function):
+    """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D); pi is DNAS, or
+    HNAS when u (H,) is given; padded query rows give 0."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
+        u32 = None if u is None else u.detach().float().contiguous()
+        out, o_d, c, r_d, r_u = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
+        ctx.p_drop = p_drop
+        ctx.u_dtype = None if u is None else u.dtype
+        ctx.save_for_backward(q, k, v, u32, kpad, qpad, seed, out, o_d, c, r_d, r_u)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, u32, kpad, qpad, seed, out, o_d, c, r_d, r_u = ctx.saved_tensors
+        dq, dk, dv, du = _backward(do, q, k, v, u32, kpad, qpad, ctx.p_drop, seed, out, o_d, c, r_d, r_u)
+        du = None if du is None else du.to(ctx.u_dtype)
+        return dq, dk, dv, du, None, None, None, None
+
+
+def new_seed(device: torch.device) -> Tensor:
+    """A dropout seed drawn from torch's generator on ``device`` (no host sync),
+    so ``torch.manual_seed`` makes the masks reproducible."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    hybrid_weight: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    query_padding_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[Tensor] = None,
+) -> Tensor:
+    """DNAS (or, with ``hybrid_weight``, HNAS) attention output (B, H, T_q, D).
+
+    Masks are (B, T) bool, True at padding; for self-attention pass the same
+    tensor twice. ``dropout_p`` > 0 drops the final probabilities with the
+    Philox stream of ``seed`` (an int64 tensor of one element on q's device;
+    drawn with ``new_seed`` when None).
+    """
+    if (key_padding_mask is None) != (query_padding_mask is None):
+        # The kernels take both masks or none; complete the missing one.
+        bsz = q.shape[0]
+        if key_padding_mask is None:
+            key_padding_mask = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
+        else:
+            query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
+    if dropout_p > 0 and seed is None:
+        seed = new_seed(q.device)
+    if seed is None:
+        seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
+    return TritonAttention.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,
+                                 float(dropout_p), seed)
+
+
+@triton.jit
+def _dropout_mask_kernel(SEED, KEEP, TQ, TK, p_drop, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m, pid_n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = _keep(tl.load(SEED), bh, offs_m, offs_n, TQ, TK, p_drop)
+    ptrs = KEEP + (bh.to(tl.int64) * TQ + offs_m[:, None]) * TK + offs_n[None, :]
+    tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < TQ) & (offs_n[None, :] < TK))
+
+
+def dropout_mask(seed: Tensor, shape: Tuple[int, int, int, int], p: float) -> Tensor:
+    """The (B, H, T_q, T_k) keep-mask the kernels draw for ``seed``: for tests
+    and for anyone who wants to replay a dropout pattern."""
+    bsz, heads, tq, tk = shape
+    keep = torch.empty(shape, dtype=torch.int8, device=seed.device)
+    bm, bn, _ = _tiles("column", 64)
+    grid = (triton.cdiv(tq, bm), triton.cdiv(tk, bn), bsz * heads)
+    _dropout_mask_kernel[grid](seed, keep, tq, tk, float(p), BLOCK_M=bm, BLOCK_N=bn)
+    return keep.bool()
