@@ -48,6 +48,13 @@ setup(
         "rouge-score>=0.1.2",  # ROUGE (Google's reimplementation of Perl ROUGE)
         "matplotlib>=3.5",  # analysis pictures
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={
+        "test": ["pytest>=7"],
+        # The GPU kernels (fairseq_dnas/attention/triton_flash.py). CUDA builds
+        # of torch already ship a matching triton; on CPU machines it is
+        # installed so that the tests run the kernels under Triton's
+        # interpreter (about 1 GB; no wheels outside Linux).
+        "triton": ['triton>=3.0; platform_system == "Linux"'],
+    },
     license="MIT",
 )

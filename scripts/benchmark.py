@@ -7,13 +7,16 @@ the same rounds):
 
 module    attention module forward+backward (training mode) at hidden 768,
           12 heads and 128 / 512 / 2048 / 4096 positions with about 4096
-          tokens per batch: time, peak memory, and the output error of the
-          attention against the float64 reference (tests/reference.py).
+          tokens per batch (CPU; 16,384 on CUDA): time, peak memory, and the
+          output error of the attention against the float64 reference
+          (tests/reference.py; on CUDA measured on a float32 copy of the
+          module, since half-precision outputs differ by their rounding).
           Rows: fairseq (``F.multi_head_attention_forward``, as fairseq's
           encoder runs it), unas (this plugin's module in 'unas' mode, which
           hands over to fairseq: a noise gauge), dnas, hnas, sinkhorn3 (DNAS
-          with 3 Sinkhorn iterations); at 128 positions also with the
-          Gigaword preset's attention dropout 0.1.
+          with 3 Sinkhorn iterations); on CPU at 128 positions also with the
+          Gigaword preset's attention dropout 0.1, on CUDA attention dropout
+          0 and 0.1 at every length, for each of --dtypes (fp16, bf16).
 crossover dnas/hnas forced onto the dense and the fused path from 64 to 512
           positions: where ``auto`` should switch (kernels.DENSE_MAX_LEN).
 model     whole-model training time per update (forward, backward, Adam step)
@@ -25,23 +28,32 @@ model     whole-model training time per update (forward, backward, Adam step)
 generate  beam search (beam 4) sentences per second, every hypothesis forced
           to 64 tokens so all models do the same decoder work.
 
+--device cuda runs every section on the GPU (timings with
+``torch.cuda.synchronize()`` around each call; the model and generation in
+half precision, as ``fairseq-train --fp16`` runs them; the crossover section
+compares the dense and the Triton path) and checks the GPU targets of
+docs/performance.md.
+
 Peak memory is the high-water mark of PyTorch's CPU allocator during one
 forward+backward, from the profiler's allocation events
 (``torch.profiler.profile(profile_memory=True)``): every tensor and kernel
 workspace allocated through PyTorch, above what was live before the call. It
 does not see memory that MKL/oneDNN allocate on their own; RSS is not used
 because glibc reuses freed blocks, which makes RSS deltas meaningless at
-these sizes. On CUDA, ``torch.cuda.max_memory_allocated`` is used instead.
+these sizes. With --device cuda, ``torch.cuda.max_memory_allocated`` is used
+instead (only then: a CPU run on a GPU machine still measures the CPU).
 
 Examples:
     python scripts/benchmark.py --quick --json /tmp/bench.json     # CI, < 1 min
     python scripts/benchmark.py --json bench-cpu.json               # about 30 min on 2 cores
+    python scripts/benchmark.py --device cuda --json bench-gpu.json # H100
 
 Exit status 0 on success, 2 for bad arguments.
 """
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import platform
@@ -75,10 +87,28 @@ TARGETS = {
     "long_hnas_memory": 1.2,
     "long_exact": 1e-5,
 }
+# The GPU issue's targets (H100, against fairseq in the same run): every
+# length, dropout and dtype of the module section.
+CUDA_TARGETS = {
+    "module_dnas_time": 1.5,
+    "module_hnas_time": 2.0,
+    "module_dnas_memory": 1.2,
+    "module_hnas_memory": 1.2,
+    "exact_float32": 1e-5,
+    "model_dnas_time": 1.03,
+    "model_hnas_time": 1.05,
+    "generate_dnas_time": 1.03,
+    "generate_hnas_time": 1.03,
+}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where everything runs (default: cpu); cuda needs a GPU")
+    p.add_argument("--dtypes", help="module section input/weight dtypes, comma-separated from fp16, bf16, fp32 "
+                                    "(default: fp32 on cpu, fp16,bf16 on cuda)")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and one round: checks that everything runs (CI); numbers mean nothing")
     p.add_argument("--json", metavar="OUT", help="write all results here (written to a temp file, then renamed)")
@@ -105,10 +135,17 @@ def parse_args(argv):
     if bad:
         p.error(f"unknown section(s) {sorted(bad)}; choose from module, crossover, model, generate")
     args.sections = sections
-    q = args.quick
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+                "run on a GPU machine or use --device cpu")
+    q, gpu = args.quick, args.device == "cuda"
+    args.dtypes = (args.dtypes or ("fp16,bf16" if gpu else "fp32")).split(",")
+    if set(args.dtypes) - set(DTYPES):
+        p.error(f"--dtypes takes {', '.join(DTYPES)}; got {','.join(args.dtypes)}")
     args.lengths = [int(x) for x in (args.lengths or ("16,48" if q else "128,512,2048,4096")).split(",")]
-    defaults = dict(tokens=96 if q else 4096, rounds=1 if q else 7, warmup=1 if q else 2,
-                    model_batch=2 if q else 8, model_rounds=1 if q else 5, gen_batch=2 if q else 8)
+    defaults = dict(tokens=96 if q else (16384 if gpu else 4096), rounds=1 if q else (20 if gpu else 7),
+                    warmup=1 if q else (3 if gpu else 2), model_batch=2 if q else (128 if gpu else 8),
+                    model_rounds=1 if q else (10 if gpu else 5), gen_batch=2 if q else (128 if gpu else 8))
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -174,14 +211,24 @@ class CpuLoad:
         self.wall_s = wall
 
 
+DEVICE = torch.device("cpu")  # set by main() from --device
+
+
+def synchronize():
+    """Wait for the GPU (no-op on CPU), so that wall-clock time covers the work."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def peak_memory_bytes(fn):
-    """High-water mark of allocations (bytes above the level at the call).
+    """High-water mark of allocations (bytes above the level at the call) on
+    the benchmark's device.
 
     ``fn.reset``, if there, runs first (outside the measurement): the
     profiler cannot credit frees of blocks allocated before it started."""
     if hasattr(fn, "reset"):
         fn.reset()
-    if torch.cuda.is_available():
+    if DEVICE.type == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -213,8 +260,10 @@ def timed_rounds(cases, warmup, rounds, baseline):
     for r in range(rounds):
         for i in range(len(names)):
             name = names[(i + r) % len(names)]
+            synchronize()
             t = time.perf_counter()
             cases[name]()
+            synchronize()
             times[name].append(time.perf_counter() - t)
     out = {}
     for n in names:
@@ -252,10 +301,10 @@ def module_batch(length, tokens, seed=0):
     lengths = torch.randint(3 * length // 4, length + 1, (batch,), generator=g)
     lengths[0] = length
     mask = torch.arange(length)[None, :] < (length - lengths)[:, None]  # True at padding (left)
-    return batch, mask
+    return batch, mask.to(DEVICE)
 
 
-def build_modules(dim, heads, dropout, cases):
+def build_modules(dim, heads, dropout, cases, dtype=torch.float32):
     from fairseq.modules import MultiheadAttention
 
     from fairseq_dnas.modules import DNASMultiheadAttention
@@ -270,7 +319,7 @@ def build_modules(dim, heads, dropout, cases):
         assert not unexpected and set(missing) <= {"hybrid_logit"}, (missing, unexpected)
         mods[name] = m
     for m in mods.values():
-        m.train()
+        m.to(device=DEVICE, dtype=dtype).train()
     return mods
 
 
@@ -294,6 +343,8 @@ def attention_error(module, x, mask, path=None):
     the q, k, v that ``module`` computes from ``x`` (attention core only)."""
     from reference import reference_probs
 
+    module = copy.deepcopy(module).float()  # half-precision outputs differ by their rounding
+    x = x.float()
     t, b, c = x.shape
     h, d = module.num_heads, module.head_dim
     with torch.no_grad():
@@ -305,11 +356,12 @@ def attention_error(module, x, mask, path=None):
             out, _ = kernels.attend(q, k, v, scheme=module.scheme, padding_mask=mask, hybrid_weight=u,
                                     sinkhorn_iters=module.sinkhorn_iters)
         worst = 0.0
+        mask, out = mask.cpu(), out.cpu()
         for bi in range(min(b, 2)):  # one head at a time keeps the float64 T x T small
             real = ~mask[bi]
             for hi in range(h):
-                qd, kd, vd = (t_[bi:bi + 1, hi:hi + 1].double() for t_ in (q, k, v))
-                uh = None if u is None else u[hi:hi + 1].double()
+                qd, kd, vd = (t_[bi:bi + 1, hi:hi + 1].double().cpu() for t_ in (q, k, v))
+                uh = None if u is None else u[hi:hi + 1].double().cpu()
                 p = reference_probs(qd @ kd.transpose(-1, -2), module.scheme, mask[bi:bi + 1],
                                     mask[bi:bi + 1], uh, module.sinkhorn_iters)
                 ref = (p @ vd)[0, 0]
@@ -322,41 +374,52 @@ def materialized_bytes(batch, heads, length):
 
 
 def available_bytes():
+    if DEVICE.type == "cuda":
+        return torch.cuda.mem_get_info()[0]
     with contextlib.suppress(OSError, StopIteration):
         with open("/proc/meminfo") as f:
             return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable"))
     return None
 
 
+def module_settings(args):
+    """(length, attention dropout, dtype name) of every module case."""
+    if DEVICE.type == "cuda":
+        return [(t, p, dt) for dt in args.dtypes for p in (0.0, 0.1) for t in args.lengths]
+    return [(t, p, dt) for dt in args.dtypes for t, p in
+            [(t, 0.0) for t in args.lengths] + [(args.lengths[0], 0.1)]]
+
+
 def module_section(args, dim, heads):
     rows = []
-    settings = [(t, 0.0) for t in args.lengths] + [(args.lengths[0], 0.1)]
-    for length, dropout in settings:
+    for length, dropout, dtype_name in module_settings(args):
+        dtype = DTYPES[dtype_name]
         batch, mask = module_batch(length, args.tokens)
         cases = ["unas", "dnas", "hnas", "sinkhorn3"]
         avail = available_bytes()
         # Sinkhorn > 1 has no fused path: autograd keeps about a dozen T x T tensors.
         if avail and 12 * materialized_bytes(batch, heads, length) > args.sinkhorn_memory_fraction * avail:
             cases.remove("sinkhorn3")
-            rows.append({"length": length, "batch": batch, "dropout": dropout, "case": "sinkhorn3",
-                         "skipped": "its T x T tensors would not fit in memory"})
-        mods = build_modules(dim, heads, dropout, cases)
-        x = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        grad = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(2))
+            rows.append({"length": length, "batch": batch, "dropout": dropout, "dtype": dtype_name,
+                         "case": "sinkhorn3", "skipped": "its T x T tensors would not fit in memory"})
+        mods = build_modules(dim, heads, dropout, cases, dtype)
+        x = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+        x.requires_grad_()
+        grad = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
         runs = {n: fwd_bwd(m, x, mask, grad) for n, m in mods.items()}
-        log(f"module T={length} B={batch} dropout={dropout}: timing {', '.join(runs)}")
+        log(f"module T={length} B={batch} dropout={dropout} {dtype_name}: timing {', '.join(runs)}")
         with CpuLoad() as load:
             timing = timed_rounds(runs, args.warmup, args.rounds, "fairseq")
         mem = {n: peak_memory_bytes(run) for n, run in runs.items()}
         for name in runs:
-            row = {"length": length, "batch": batch, "dropout": dropout, "case": name,
+            row = {"length": length, "batch": batch, "dropout": dropout, "dtype": dtype_name, "case": name,
                    "median_ms": 1e3 * timing[name]["median_s"], "time_ratio": timing[name]["ratio"],
                    "times_ms": [1e3 * t for t in timing[name]["times_s"]],
                    "peak_mib": mem[name] / 2**20, "memory_ratio": mem[name] / mem["fairseq"],
                    "foreign_cpu": load.foreign_fraction}
             if name != "fairseq":
                 m = mods[name]
-                q = torch.empty(batch, heads, length, dim // heads)
+                q = torch.empty(batch, heads, length, dim // heads, device=DEVICE, dtype=dtype)
                 row["path"] = "fairseq" if m.scheme == "unas" else kernels.choose_path(
                     q, sinkhorn_iters=m.sinkhorn_iters, dropout=kernels.dropout_active(m.dropout_module))
                 if m.scheme != "unas" and dropout == 0.0:
@@ -373,14 +436,17 @@ def module_section(args, dim, heads):
 def crossover_section(args, dim, heads):
     rows = []
     lengths = [16, 32] if args.quick else [64, 128, 192, 256, 384, 512]
+    dtype = DTYPES[args.dtypes[0]]
+    fast = "triton" if DEVICE.type == "cuda" else "fused"
     for length in lengths:
         batch, mask = module_batch(length, args.tokens)
-        mods = build_modules(dim, heads, 0.0, ["dnas", "hnas"])
-        x = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        grad = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(2))
+        mods = build_modules(dim, heads, 0.0, ["dnas", "hnas"], dtype)
+        x = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+        x.requires_grad_()
+        grad = torch.randn(length, batch, dim, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
         runs = {"fairseq": fwd_bwd(mods["fairseq"], x, mask, grad)}
         for scheme in ("dnas", "hnas"):
-            for path in ("dense", "fused"):
+            for path in ("dense", fast):
                 runs[f"{scheme}-{path}"] = fwd_bwd(mods[scheme], x, mask, grad, path)
         log(f"crossover T={length} B={batch}")
         with CpuLoad() as load:
@@ -416,7 +482,9 @@ def build_models(args, archs, extra, vocab):
         a = model_args(arch, extra)
         task = TranslationTask(a, d, d)
         torch.manual_seed(0)
-        m = task.build_model(a)
+        m = task.build_model(a).to(DEVICE)
+        if DEVICE.type == "cuda":
+            m.half()  # as fairseq-train --fp16 runs the model (its fp32 master copy lives in the optimizer)
         if models:  # the same weights as fairseq's transformer (HNAS: u at its init)
             missing, unexpected = m.load_state_dict(next(iter(models.values()))[0].state_dict(), strict=False)
             if unexpected or any(not k.endswith("hybrid_logit") for k in missing):
@@ -451,8 +519,10 @@ def synthetic_batch(d, batch, src_len, tgt_len, seed=0):
         tgt[i, :len(t)] = t
         prev[i, 0] = eos
         prev[i, 1:len(t)] = t[:-1]
-    return {"net_input": {"src_tokens": src, "src_lengths": src_l, "prev_output_tokens": prev},
-            "target": tgt, "ntokens": int(tgt_l.sum()), "nsentences": batch, "src_ntokens": int(src_l.sum())}
+    return {"net_input": {"src_tokens": src.to(DEVICE), "src_lengths": src_l.to(DEVICE),
+                          "prev_output_tokens": prev.to(DEVICE)},
+            "target": tgt.to(DEVICE), "ntokens": int(tgt_l.sum()), "nsentences": batch,
+            "src_ntokens": int(src_l.sum())}
 
 
 def model_sizes(args):
@@ -541,7 +611,44 @@ def generate_section(args):
 # --- summary -------------------------------------------------------------------
 
 
+def _device(res):
+    runs = [res.get("settings", {})] + res.get("runs", [])
+    return "cuda" if any(r.get("device") == "cuda" for r in runs) else "cpu"
+
+
+def cuda_target_report(res):
+    """The GPU issue's targets: the worst case of every module setting."""
+    out = []
+
+    def add(name, measured, where):
+        if measured is not None:
+            limit = CUDA_TARGETS[name]
+            out.append({"target": name, "limit": limit, "measured": measured, "met": measured <= limit,
+                        "where": where})
+
+    mod = [r for r in res.get("module", []) if "skipped" not in r]
+    for scheme in ("dnas", "hnas"):
+        rows = [r for r in mod if r["case"] == scheme]
+        for key, what in (("time_ratio", "time"), ("memory_ratio", "memory")):
+            if rows:
+                w = max(rows, key=lambda r: r[key])
+                add(f"module_{scheme}_{what}", w[key], f"worst of {len(rows)} cases: T={w['length']}, "
+                    f"attention dropout {w['dropout']}, {w.get('dtype', 'fp32')}")
+    errs = [r["max_abs_error"] for r in mod if "max_abs_error" in r and r["case"] in ("dnas", "hnas")]
+    if errs:
+        add("exact_float32", max(errs), "float32 copy of each module vs the float64 reference, every length")
+    for r in res.get("model", []):
+        if r["model"] != "transformer" and r["attention_dropout"] == 0.1:
+            add(f"model_{r['model'].split('_')[1]}_time", r["time_ratio"], "half precision, attention dropout 0.1")
+    for r in res.get("generate", []):
+        if r["model"] != "transformer":
+            add(f"generate_{r['model'].split('_')[1]}_time", r["time_ratio"], "beam 4, half precision")
+    return out
+
+
 def target_report(res, long_lengths):
+    if _device(res) == "cuda":
+        return cuda_target_report(res)
     out = []
 
     def add(name, measured, where):
@@ -576,15 +683,16 @@ def render_markdown(res):
     lines = []
     mod = res.get("module")
     if mod:
-        lines += ["| T | batch | attn dropout | case | path | fwd+bwd ms | x fairseq | peak MiB | x fairseq "
-                  "| max abs err |", "|" + " --- |" * 10]
+        lines += ["| dtype | T | batch | attn dropout | case | path | fwd+bwd ms | x fairseq | peak MiB "
+                  "| x fairseq | max abs err |", "|" + " --- |" * 11]
         for r in mod:
+            dt = r.get("dtype", "fp32")
             if "skipped" in r:
-                lines.append(f"| {r['length']} | {r['batch']} | {r['dropout']} | {r['case']} | - | skipped: "
-                             f"{r['skipped']} | | | | |")
+                lines.append(f"| {dt} | {r['length']} | {r['batch']} | {r['dropout']} | {r['case']} | - | "
+                             f"skipped: {r['skipped']} | | | | |")
                 continue
             err = f"{r['max_abs_error']:.1e}" if "max_abs_error" in r else "-"
-            lines.append(f"| {r['length']} | {r['batch']} | {r['dropout']} | {r['case']} | {r.get('path', '-')} "
+            lines.append(f"| {dt} | {r['length']} | {r['batch']} | {r['dropout']} | {r['case']} | {r.get('path', '-')} "
                          f"| {r['median_ms']:.1f} | {r['time_ratio']:.2f} | {r['peak_mib']:.1f} "
                          f"| {r['memory_ratio']:.2f} | {err} |")
         lines.append("")
@@ -652,9 +760,11 @@ def main(argv=None) -> int:
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     dim, heads = (32, 4) if args.quick else (768, 12)
     res = {"machine": machine(), "settings": {
-        "quick": args.quick, "hidden": dim, "heads": heads, "lengths": args.lengths, "tokens": args.tokens,
+        "device": args.device, "dtypes": args.dtypes, "quick": args.quick, "hidden": dim, "heads": heads, "lengths": args.lengths, "tokens": args.tokens,
         "rounds": args.rounds, "warmup": args.warmup, "model_batch": args.model_batch,
         "model_rounds": args.model_rounds, "gen_batch": args.gen_batch,
         "dense_max_len": kernels.DENSE_MAX_LEN, "command": " ".join([sys.argv[0], *(argv or sys.argv[1:])])}}

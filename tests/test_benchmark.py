@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
 from helpers import ROOT
 
 SCRIPT = os.path.join(ROOT, "scripts", "benchmark.py")
@@ -60,7 +62,7 @@ def test_quick_benchmark_writes_json(tmp_path):
     md = subprocess.run([sys.executable, SCRIPT, "--render", str(out)], cwd=ROOT, capture_output=True,
                         text=True, timeout=120)
     assert md.returncode == 0, md.stderr[-2000:]
-    assert "| T | batch |" in md.stdout and "| transformer_dnas |" in md.stdout
+    assert "| dtype | T | batch |" in md.stdout and "| transformer_dnas |" in md.stdout
     assert md.stdout.count("| sinkhorn3 |") == len(res["settings"]["lengths"]) + 1
 
     # Sections from separate runs (--sections) render together, targets recomputed.
@@ -74,8 +76,31 @@ def test_quick_benchmark_writes_json(tmp_path):
     assert merged.stdout == md.stdout
 
 
-def test_bad_arguments_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--sections", "module,nonsense"],
+@pytest.mark.parametrize("args, message", [
+    (["--sections", "module,nonsense"], "unknown section"),
+    (["--dtypes", "fp8"], "--dtypes takes"),
+])
+def test_bad_arguments_exit_2(args, message):
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "unknown section" in proc.stderr
+    assert message in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused():
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--device", "cuda"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr
+
+
+def test_peak_memory_counts_the_benchmark_device_not_the_gpu():
+    """A CPU run on a GPU machine used to read the CUDA allocator's counters
+    (peak memory 0 for CPU work): the device decides, not the machine."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import benchmark
+
+    assert benchmark.DEVICE.type == "cpu"
+    peak = benchmark.peak_memory_bytes(lambda: torch.ones(1 << 20).sum())
+    assert peak >= 4 << 20

@@ -338,6 +338,25 @@ def test_module_dropout_follows_fairseq_training_rules(monkeypatch):
     assert not torch.allclose(a, e)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host synchronization exists only with a GPU")
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_no_host_synchronization_on_the_gpu(need_weights, monkeypatch):
+    """The fairseq module, training with attention dropout, forward and
+    backward: torch raises on any operation that waits for the GPU."""
+    monkeypatch.delenv(kernels.PATH_ENV, raising=False)
+    m = DNASMultiheadAttention(64, 4, dropout=0.1, scheme="hnas").cuda().train()
+    x = torch.randn(T, 4, 64, device="cuda", requires_grad=True)
+    mask = padding_mask(LENGTHS, T, True).cuda()
+    m(x, x, x, key_padding_mask=mask, need_weights=need_weights)  # warm-up: compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, _ = m(x, x, x, key_padding_mask=mask, need_weights=need_weights)
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def test_kernels_compile_for_an_h100():
     """Compile every kernel variant for sm_90 (no GPU needed: Triton's NVIDIA
     backend and ptxas run on the CPU). The interpreter runs code that the

@@ -96,6 +96,8 @@ def dnas_forward(q, k, pad):
     """pi_D (B, H, T, T) and exp(r) (B, H, T, 1) from scaled q, k."""
     kmask, qmask = _masks(pad)
     s = _scores(q, k, kmask, qmask)
+    if s.is_cuda:  # checking for underflow would synchronize with the host: log domain at once
+        return _dnas_log_(s, kmask, qmask)
     p, exp_r, underflow = _dnas_exp_(s, kmask, qmask)
     if underflow:  # an explained-away query: redo in the log domain
         p, exp_r = _dnas_log_(_scores(q, k, kmask, qmask), kmask, qmask)
@@ -111,6 +113,10 @@ def hnas_forward(q, k, pad):
     """
     kmask, qmask = _masks(pad)
     s = _scores(q, k, kmask, qmask)
+    if s.is_cuda:  # no host synchronization (see dnas_forward)
+        p_u = _unas_log_(s, qmask)
+        p_d, exp_r = _dnas_log_(s, kmask, qmask)
+        return p_d, exp_r, p_u
     m = s.amax(dim=-2, keepdim=True)
     if kmask is not None:
         m.masked_fill_(kmask, 0.0)
