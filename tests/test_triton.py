@@ -156,6 +156,30 @@ def test_head_sizes_and_an_all_padding_sentence():
         assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_extreme_scores_stay_finite_and_exact(scheme):
+    """Scores in the hundreds: a query explained away by every key (its row of
+    exp(s - c) underflows in float32) must still get a normalized row, and
+    nothing may become NaN. The error is then set by float32 rounding of the
+    scores themselves (c comes from a second product k.q, rounded apart):
+    allow 4 rounding steps of the largest score (|v| = 1)."""
+    q, k, v = _qkv()
+    with torch.no_grad():
+        q.mul_(4.0)
+        k.mul_(4.0)
+    u = _u()
+    mask = _mask("left")
+    out = _run(q, k, v, scheme, mask, mask, u)
+    scores = q.detach().double().cpu() @ k.detach().double().cpu().transpose(-1, -2)
+    assert scores.abs().max() > 300
+    p = reference_probs(scores, scheme, mask.cpu(), mask.cpu(), u.detach().double().cpu())
+    atol = 4 * torch.finfo(torch.float32).eps * float(scores.abs().max())
+    torch.testing.assert_close(out.double().cpu(), p @ v.detach().double().cpu(), atol=atol, rtol=0)
+    out.pow(2).sum().backward()
+    for t in (q, k, v, u):
+        assert t.grad is None or torch.isfinite(t.grad).all()
+
+
 def test_the_scheme_runs_not_softmax():
     """A silent fallback to softmax attention would pass many tests: the DNAS
     output must differ from UNAS by far more than the tolerance."""

@@ -173,7 +173,7 @@ def _column_lse_kernel(
         m_new = tl.maximum(m, tl.max(s_t, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s_t - m_new[:, None]), 1)
         m = m_new
-    c = tl.where(l > 0, m + tl.log(l), 0.0)
+    c = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
     tl.store(C + bh * TK + offs_n, c, mask=offs_n < TK)
 
 
@@ -235,13 +235,15 @@ def _forward_kernel(
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     scale = 1.0 / (1.0 - p_drop) if DROPOUT else 1.0
-    o_d = tl.where(ok_d[:, None], acc_d * (scale / tl.where(ok_d, l_d, 1.0))[:, None], 0.0)
+    l_d = tl.where(ok_d, l_d, 1.0)
+    o_d = tl.where(ok_d[:, None], acc_d * (scale / l_d)[:, None], 0.0)
     tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log(l_d), 0.0), mask=offs_m < TQ)
     out_base = OUT + b * so_b + h * so_h
     if HYBRID:
         u = tl.load(U + h)
         ok_u = real_q & (l_u > 0)
-        o_u = tl.where(ok_u[:, None], acc_u * (scale / tl.where(ok_u, l_u, 1.0))[:, None], 0.0)
+        l_u = tl.where(ok_u, l_u, 1.0)
+        o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
         tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), 0.0), mask=offs_m < TQ)
         _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
