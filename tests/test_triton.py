@@ -381,6 +381,7 @@ def test_no_host_synchronization_on_the_gpu(need_weights, monkeypatch):
         torch.cuda.set_sync_debug_mode(0)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
 def test_kernels_compile_for_an_h100():
     """Compile every kernel variant for sm_90 (no GPU needed: Triton's NVIDIA
     backend and ptxas run on the CPU). The interpreter runs code that the
