@@ -38,16 +38,15 @@ OUT="${1:-}"
 [ -n "$TRAIN_PREFIX" ] && [ -n "$VALID_PREFIX" ] && [ -n "$TEST_PREFIXES" ] \
   || die "no data: set MULTI30K_DIR (e.g. ../shared/data/multi30k), or TRAIN_PREFIX, VALID_PREFIX and TEST_PREFIXES"
 [ "$SRC" != "$TGT" ] || die "SRC and TGT are both '$SRC'"
-check_python
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-
 # Every input file, checked before anything is written.
 for prefix in "$TRAIN_PREFIX" "$VALID_PREFIX" $TEST_PREFIXES; do
   for lang in "$SRC" "$TGT"; do
     [ -f "$prefix.$lang" ] || die "missing file: $prefix.$lang"
   done
 done
+check_python
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 
 # A changed setting would silently mix old and new outputs: refuse instead.
 SETTINGS="src=$SRC tgt=$TGT train=$TRAIN_PREFIX valid=$VALID_PREFIX test=$TEST_PREFIXES vocab=$VOCAB_SIZE spm_type=$SPM_TYPE max_train=$MAX_TRAIN_PAIRS max_valid=$MAX_VALID_PAIRS max_test=$MAX_TEST_PAIRS"
