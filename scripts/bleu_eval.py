@@ -15,18 +15,12 @@ count differs from any reference is refused (exit 1, message on stderr).
 """
 
 import argparse
-import json
-import os
 import sys
 
+from rouge_eval import emit, load_aligned  # the same file checks and outputs as ROUGE
 from sacrebleu.metrics import BLEU, CHRF
 
 METRICS = {"bleu": BLEU, "chrf": CHRF}
-
-
-def read_lines(path):
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
 
 
 def score(hyps, refs_list, samples=1000):
@@ -76,30 +70,13 @@ def main(argv=None):
         print("error: --bootstrap must be >= 1", file=sys.stderr)
         return 2
     try:
-        hyps = read_lines(args.hyp)
-        refs_list = [read_lines(path) for path in args.ref]
-    except (OSError, UnicodeDecodeError) as err:
+        hyps, refs_list = load_aligned(args.hyp, args.ref)
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    if not hyps:
-        print(f"error: {args.hyp} is empty", file=sys.stderr)
-        return 1
-    for path, refs in zip(args.ref, refs_list):
-        if len(refs) != len(hyps):
-            print(f"error: {args.hyp} has {len(hyps)} lines but {path} has {len(refs)}; "
-                  "hypotheses and references must be aligned line by line", file=sys.stderr)
-            return 1
     result = {"sentences": len(hyps), "references": len(refs_list),
-              "bootstrap_samples": args.bootstrap, **score(hyps, refs_list, args.bootstrap),
-              "hyp": args.hyp, "ref": args.ref}
-    if args.label:
-        result["label"] = args.label
-    if args.json_out:
-        tmp = args.json_out + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(result) + "\n")
-        os.replace(tmp, args.json_out)
-    print(json.dumps(result) if args.json else format_table(result))
+              "bootstrap_samples": args.bootstrap, **score(hyps, refs_list, args.bootstrap)}
+    emit(result, args, format_table)
     return 0
 
 
