@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fairseq_dnas.attention import functional as AF
-from fairseq_dnas.attention.hybrid import HYBRID_PER, check_hybrid_init, exact_logit
+from fairseq_dnas.attention.hybrid import exact_logit, hybrid_logit
 from fairseq_dnas.attention.kernels import attend
 
 
@@ -92,11 +92,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         self.hybrid_init = hybrid_init
         self.hybrid_logit = None
         if scheme == "hnas":
-            check_hybrid_init(hybrid_init, name="hybrid_init", fixed="scheme='unas' or 'dnas'")
-            if hybrid_per not in HYBRID_PER:
-                raise ValueError(f"hybrid_per must be one of {HYBRID_PER}; got {hybrid_per!r}")
-            n = num_heads if hybrid_per == "head" else 1
-            self.hybrid_logit = nn.Parameter(torch.full((n,), exact_logit(hybrid_init), device=device))
+            self.hybrid_logit = hybrid_logit(num_heads, hybrid_init, hybrid_per, name="hybrid_init",
+                                             fixed="scheme='unas' or 'dnas'", device=device)
         # The attention dropout as a module, so that attend() sees p and the
         # train/eval state (a float p stays in self.dropout, as torch has it).
         self.attn_dropout = nn.Dropout(dropout)

@@ -4,6 +4,7 @@ initialization, shared by the fairseq module and ``fairseq_dnas.nn`` (no fairseq
 import math
 
 import torch
+from torch import nn
 
 HYBRID_PER = ("head", "layer")
 
@@ -43,3 +44,14 @@ def check_hybrid_init(hybrid_init, name="--hybrid-init", fixed="--encoder-attent
             f"elsewhere); got {hybrid_init!r}. For a fixed weight of 0 or 1 use "
             f"{fixed} instead."
         )
+
+
+def hybrid_logit(num_heads: int, hybrid_init, hybrid_per: str, name="--hybrid-init",
+                 fixed="--encoder-attention-scheme unas or dnas", device=None) -> nn.Parameter:
+    """The trainable logit of u, (H,) for 'head' or (1,) for 'layer', at
+    hybrid_init; u = sigmoid(logit) stays in [0, 1] whatever the optimizer does."""
+    check_hybrid_init(hybrid_init, name, fixed)
+    if hybrid_per not in HYBRID_PER:
+        raise ValueError(f"hybrid_per must be one of {HYBRID_PER}; got {hybrid_per!r}")
+    n = num_heads if hybrid_per == "head" else 1
+    return nn.Parameter(torch.full((n,), exact_logit(hybrid_init), device=device))

@@ -12,10 +12,10 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
-from torch import Tensor, nn
+from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
-from fairseq_dnas.attention.hybrid import HYBRID_PER, check_hybrid_init, exact_logit  # noqa: F401
+from fairseq_dnas.attention.hybrid import HYBRID_PER, check_hybrid_init, exact_logit, hybrid_logit  # noqa: F401
 from fairseq_dnas.attention.kernels import attend
 
 class DNASMultiheadAttention(MultiheadAttention):
@@ -63,12 +63,7 @@ class DNASMultiheadAttention(MultiheadAttention):
         self.scheme = scheme
         self.sinkhorn_iters = sinkhorn_iters
         if scheme == "hnas":
-            check_hybrid_init(hybrid_init)
-            if hybrid_per not in HYBRID_PER:
-                raise ValueError(f"hybrid_per must be one of {HYBRID_PER}; got {hybrid_per!r}")
-            n = num_heads if hybrid_per == "head" else 1
-            # u = sigmoid(logit) stays in [0, 1] whatever the optimizer does.
-            self.hybrid_logit = nn.Parameter(torch.full((n,), exact_logit(hybrid_init)))
+            self.hybrid_logit = hybrid_logit(num_heads, hybrid_init, hybrid_per)
             self.hybrid_init = hybrid_init
         else:
             self.hybrid_logit = None
