@@ -1,32 +1,63 @@
 """fairseq-dnas: the attention schemes of "Attention that does not Explain Away"
 (Ding et al., 2020) for fairseq.
 
-``fairseq_dnas.attention_probs`` is the math on its own (torch only). With
-fairseq installed, importing this package (or ``--user-dir fairseq_dnas``)
-registers ``transformer_dnas``, ``transformer_hnas`` and their presets, and lets
-fairseq load its checkpoints under torch >= 2.6.
+``fairseq_dnas.attention_probs`` (the math) and ``fairseq_dnas.nn`` (a
+drop-in ``torch.nn.MultiheadAttention``) need torch only, and importing them
+does not import fairseq. The fairseq side (``transformer_dnas``,
+``transformer_hnas`` and their presets, the ``translation_rouge`` task, and
+loading fairseq checkpoints under torch >= 2.6) is registered as soon as
+fairseq is imported: at once when it already is (``--user-dir fairseq_dnas``),
+else right after a later ``import fairseq``.
 """
+
+import importlib.abc
+import importlib.util
+import sys
 
 from fairseq_dnas.attention import SCHEMES, attention_probs
 
 __version__ = "0.1.0"
 __all__ = ["SCHEMES", "attention_probs", "__version__"]
 
-try:
-    import fairseq  # noqa: F401
-except ImportError:  # the math stays usable without fairseq
-    fairseq = None
-except Exception as err:  # fairseq is there but broken
-    raise ImportError(
-        f"fairseq is installed but fails to import ({type(err).__name__}: {err}). "
-        "PyPI fairseq 0.12.2 does not import on Python >= 3.11; install the "
-        "community build ve-fairseq 0.12.3 as scripts/install.sh does (see README)."
-    ) from err
 
-if fairseq is not None:
+def _register_with_fairseq() -> None:
     from fairseq_dnas import checkpoint_compat
 
     checkpoint_compat.install()
 
     from fairseq_dnas import models  # noqa: F401  (registers the architectures)
     from fairseq_dnas import tasks  # noqa: F401  (registers translation_rouge)
+
+
+class _AfterFairseqImport(importlib.abc.MetaPathFinder):
+    """Finds ``fairseq`` with the other finders and registers this plugin once
+    fairseq's own ``__init__`` has run (a one-shot post-import hook)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "fairseq":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            try:
+                exec_module(module)
+            except Exception as err:
+                raise ImportError(
+                    f"fairseq is installed but fails to import ({type(err).__name__}: {err}). "
+                    "PyPI fairseq 0.12.2 does not import on Python >= 3.11; install the "
+                    "community build ve-fairseq 0.12.3 as scripts/install.sh does (see README)."
+                ) from err
+            _register_with_fairseq()
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+if sys.modules.get("fairseq") is not None:
+    _register_with_fairseq()
+elif not any(isinstance(f, _AfterFairseqImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterFairseqImport())

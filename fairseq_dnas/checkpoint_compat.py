@@ -38,7 +38,9 @@ def _numpy_scalar_globals():
     except ImportError:
         return []
     core = getattr(np, "_core", None) or np.core
-    found = [core.multiarray.scalar, np.dtype]
+    # _reconstruct and ndarray: the small integer arrays that --eval-bleu logs
+    # (n-gram counts) and fairseq saves with the metrics.
+    found = [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype]
     dtypes = getattr(np, "dtypes", None)
     if dtypes is not None:
         found += [
@@ -50,7 +52,7 @@ def _numpy_scalar_globals():
 
 
 # What fairseq 0.12 puts in a checkpoint besides tensors and builtins: the
-# legacy ``args`` Namespace, and numpy scalars in logged/best metric values.
+# legacy ``args`` Namespace, and numpy scalars and arrays in logged/best metric values.
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace] + _numpy_scalar_globals()
 
 

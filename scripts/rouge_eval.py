@@ -131,26 +131,26 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.bootstrap < 1 or args.max_bytes < 0:
-        print("error: --bootstrap must be >= 1 and --max-bytes >= 0", file=sys.stderr)
-        return 2
+def load_aligned(hyp_path, ref_paths):
+    """(hypotheses, [references per file]); ValueError naming the files when
+    they cannot be read, are empty, or are not aligned line by line."""
     try:
-        hyps = read_lines(args.hyp)
-        refs_list = [read_lines(path) for path in args.ref]
+        hyps = read_lines(hyp_path)
+        refs_list = [read_lines(path) for path in ref_paths]
     except (OSError, UnicodeDecodeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    for path, refs in zip(args.ref, refs_list):
+        raise ValueError(str(err)) from None
+    for path, refs in zip(ref_paths, refs_list):
         if len(refs) != len(hyps):
-            print(f"error: {args.hyp} has {len(hyps)} lines but {path} has {len(refs)}; "
-                  "hypotheses and references must be aligned line by line", file=sys.stderr)
-            return 1
+            raise ValueError(f"{hyp_path} has {len(hyps)} lines but {path} has {len(refs)}; "
+                             "hypotheses and references must be aligned line by line")
     if not hyps:
-        print(f"error: {args.hyp} is empty", file=sys.stderr)
-        return 1
-    result = evaluate(hyps, refs_list, args.bootstrap, args.seed, args.multi_ref, args.max_bytes)
+        raise ValueError(f"{hyp_path} is empty")
+    return hyps, refs_list
+
+
+def emit(result, args, format_table):
+    """Add the files and label to ``result``, write --json-out (atomically),
+    print JSON (--json) or the table."""
     result["hyp"], result["ref"] = args.hyp, args.ref
     if args.label:
         result["label"] = args.label
@@ -159,10 +159,21 @@ def main(argv=None):
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(result) + "\n")
         os.replace(tmp, args.json_out)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(format_table(result))
+    print(json.dumps(result) if args.json else format_table(result))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.bootstrap < 1 or args.max_bytes < 0:
+        print("error: --bootstrap must be >= 1 and --max-bytes >= 0", file=sys.stderr)
+        return 2
+    try:
+        hyps, refs_list = load_aligned(args.hyp, args.ref)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    result = evaluate(hyps, refs_list, args.bootstrap, args.seed, args.multi_ref, args.max_bytes)
+    emit(result, args, format_table)
     return 0
 
 

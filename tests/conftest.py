@@ -31,15 +31,25 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture(scope="session")
-def gigaword_dir():
-    """The shared Gigaword sample (``GIGAWORD_DIR``). CI sets
-    FAIRSEQ_DNAS_REQUIRE_DATA=1 so that a missing folder fails instead of
-    skipping."""
-    path = os.environ.get("GIGAWORD_DIR")
+def _shared_data(env, hint):
+    """The folder in $env; CI sets FAIRSEQ_DNAS_REQUIRE_DATA=1 so that a
+    missing folder fails instead of skipping."""
+    path = os.environ.get(env)
     if path and os.path.isdir(path):
         return os.path.abspath(path)
-    msg = f"GIGAWORD_DIR not set or missing ({path!r}); set it to ../shared/data/gigaword/sumdata"
+    msg = f"{env} not set or missing ({path!r}); set it to {hint}"
     if os.environ.get("FAIRSEQ_DNAS_REQUIRE_DATA") == "1":
         pytest.fail(msg)
     pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def gigaword_dir():
+    """The shared Gigaword sample (``GIGAWORD_DIR``)."""
+    return _shared_data("GIGAWORD_DIR", "../shared/data/gigaword/sumdata")
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir():
+    """The shared Multi30k German-English data (``MULTI30K_DIR``)."""
+    return _shared_data("MULTI30K_DIR", "../shared/data/multi30k")

@@ -141,6 +141,18 @@ def test_cross_attention_with_separate_masks(scheme):
         torch.testing.assert_close(a.double().cpu(), b.cpu(), atol=atol, rtol=0, msg=lambda m, name=name: f"d{name}: {m}")
 
 
+def test_attend_passes_cross_attention_masks_to_the_kernels():
+    """kernels.attend with query_padding_mask (what fairseq_dnas.nn calls)."""
+    tq, tk = 19, 33
+    q, k, v = _qkv(tq=tq, tk=tk)
+    qmask = padding_mask((19, 4, 1, 10), tq, False).to(DEVICE)
+    kmask = padding_mask((33, 2, 30, 7), tk, True).to(DEVICE)
+    out, _ = attend(q, k, v, scheme="dnas", padding_mask=kmask, query_padding_mask=qmask, path="triton")
+    p = reference_probs(q.detach().double().cpu() @ k.detach().double().cpu().transpose(-1, -2), "dnas",
+                        kmask.cpu(), qmask.cpu())
+    torch.testing.assert_close(out.double().cpu(), p @ v.detach().double().cpu(), atol=1e-5, rtol=0)
+
+
 def test_head_sizes_and_an_all_padding_sentence():
     """Head sizes 32 and 128 (and an odd 20 above); a sentence that is all
     padding gives finite zeros forward and backward."""

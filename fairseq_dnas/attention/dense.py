@@ -28,16 +28,20 @@ from fairseq_dnas.attention.functional import NEG, compute_dtype
 TINY = 1e-30
 
 
-def _masks(pad: Optional[Tensor]):
-    if pad is None:
-        return None, None
-    return pad[:, None, None, :], pad[:, None, :, None]  # keys (B,1,1,T), queries (B,1,T,1)
+def _masks(kpad: Optional[Tensor], qpad: Optional[Tensor]):
+    """Key padding (B, T_k) and query padding (B, T_q) -> keys (B, 1, 1, T_k),
+    queries (B, 1, T_q, 1); either may be None."""
+    kmask = None if kpad is None else kpad[:, None, None, :]
+    qmask = None if qpad is None else qpad[:, None, :, None]
+    return kmask, qmask
 
 
 def _scores(q: Tensor, k: Tensor, kmask, qmask) -> Tensor:
-    s = torch.matmul(q, k.transpose(-1, -2)).to(compute_dtype(q.dtype))  # (B, H, T, T)
-    if kmask is not None:
-        s.masked_fill_(kmask | qmask, NEG)  # (B, 1, T, T) broadcast: one pass
+    s = torch.matmul(q, k.transpose(-1, -2)).to(compute_dtype(q.dtype))  # (B, H, T_q, T_k)
+    if kmask is not None and qmask is not None:
+        s.masked_fill_(kmask | qmask, NEG)  # (B, 1, T_q, T_k) broadcast: one pass
+    elif kmask is not None or qmask is not None:
+        s.masked_fill_(kmask if qmask is None else qmask, NEG)
     return s
 
 
@@ -92,9 +96,9 @@ def _unas_log_(s: Tensor, qmask) -> Tensor:
     return p if qmask is None else p.masked_fill_(qmask, 0.0)
 
 
-def dnas_forward(q, k, pad):
-    """pi_D (B, H, T, T) and exp(r) (B, H, T, 1) from scaled q, k."""
-    kmask, qmask = _masks(pad)
+def dnas_forward(q, k, kpad, qpad):
+    """pi_D (B, H, T_q, T_k) and exp(r) (B, H, T_q, 1) from scaled q, k."""
+    kmask, qmask = _masks(kpad, qpad)
     s = _scores(q, k, kmask, qmask)
     if s.is_cuda:  # checking for underflow would synchronize with the host: log domain at once
         return _dnas_log_(s, kmask, qmask)
@@ -104,14 +108,14 @@ def dnas_forward(q, k, pad):
     return p, exp_r
 
 
-def hnas_forward(q, k, pad):
+def hnas_forward(q, k, kpad, qpad):
     """pi_D, exp(r) and pi_U from one exp over the scores.
 
     pi_U[i, j] is proportional to exp(s[i, j]) = e[i, j] exp(m_j); with
     g = max_j m_j, the weights exp(m_j - g) <= 1 make it
     e[i, j] exp(m_j - g) / sum_j' (...), computed before e is normalized.
     """
-    kmask, qmask = _masks(pad)
+    kmask, qmask = _masks(kpad, qpad)
     s = _scores(q, k, kmask, qmask)
     if s.is_cuda:  # no host synchronization (see dnas_forward)
         p_u = _unas_log_(s, qmask)
@@ -164,38 +168,39 @@ def _dot_per_head(a: Tensor, b: Tensor) -> Tensor:
 
 class DenseDNAS(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, pad):
-        p, exp_r = dnas_forward(q, k, pad)
-        ctx.save_for_backward(q, k, p, exp_r, pad)
+    def forward(ctx, q, k, kpad, qpad):
+        p, exp_r = dnas_forward(q, k, kpad, qpad)
+        ctx.save_for_backward(q, k, p, exp_r, kpad)
         return p
 
     @staticmethod
     def backward(ctx, g):
-        q, k, p, exp_r, pad = ctx.saved_tensors
-        ds = _dnas_grad(p, exp_r, g, _masks(pad)[0]).to(q.dtype)
-        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), None
+        q, k, p, exp_r, kpad = ctx.saved_tensors
+        ds = _dnas_grad(p, exp_r, g, _masks(kpad, None)[0]).to(q.dtype)
+        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), None, None
 
 
 class DenseHNAS(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, u, pad):
-        p_d, exp_r, p_u = hnas_forward(q, k, pad)
+    def forward(ctx, q, k, u, kpad, qpad):
+        p_d, exp_r, p_u = hnas_forward(q, k, kpad, qpad)
         uu = u.to(p_d.dtype).view(1, -1, 1, 1)
-        ctx.save_for_backward(q, k, u, p_d, exp_r, p_u, pad)
+        ctx.save_for_backward(q, k, u, p_d, exp_r, p_u, kpad)
         return torch.lerp(p_u, p_d, uu)  # step 5: u pi_D + (1 - u) pi_U
 
     @staticmethod
     def backward(ctx, g):
-        q, k, u, p_d, exp_r, p_u, pad = ctx.saved_tensors
+        q, k, u, p_d, exp_r, p_u, kpad = ctx.saved_tensors
         uu = u.to(g.dtype).view(1, -1, 1, 1)
         du = (_dot_per_head(g, p_d) - _dot_per_head(g, p_u)).to(u.dtype)  # dL/du = <G, pi_D - pi_U>
-        ds = _dnas_grad(p_d, exp_r, g, _masks(pad)[0], scale=uu)
+        ds = _dnas_grad(p_d, exp_r, g, _masks(kpad, None)[0], scale=uu)
         ds = ds.add_(_softmax_grad(p_u, g).mul_(1.0 - uu)).to(q.dtype)
-        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), du, None
+        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), du, None, None
 
 
-def dense_probs(q, k, scheme, pad, hybrid_weight):
-    """(B, H, T, T) probabilities (float32, float64 for float64 q) of 'dnas' or 'hnas'."""
+def dense_probs(q, k, scheme, kpad, qpad, hybrid_weight):
+    """(B, H, T_q, T_k) probabilities (float32, float64 for float64 q) of 'dnas'
+    or 'hnas'; ``kpad`` (B, T_k) and ``qpad`` (B, T_q) are True at padding."""
     if scheme == "dnas":
-        return DenseDNAS.apply(q, k, pad)
-    return DenseHNAS.apply(q, k, hybrid_weight, pad)
+        return DenseDNAS.apply(q, k, kpad, qpad)
+    return DenseHNAS.apply(q, k, hybrid_weight, kpad, qpad)

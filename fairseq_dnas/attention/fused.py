@@ -81,6 +81,10 @@ def _groups(heads: int):
         yield slice(h, min(h + HEADS_PER_CALL, heads))
 
 
+# Masks: ``kpad`` (B, T_k) marks padded keys, ``qpad`` (B, T_q) padded queries
+# (True at padding, either may be None); self-attention passes one mask twice.
+
+
 def _pad_t(pad: Optional[Tensor]) -> Optional[Tensor]:
     return None if pad is None else pad[:, None, :]  # (B, 1, T), True at padding
 
@@ -89,49 +93,49 @@ def _rows(pad: Optional[Tensor]) -> Optional[Tensor]:
     return None if pad is None else pad[:, None, :, None]  # (B, 1, T, 1)
 
 
-def _key_bias(c: Tensor, pad: Optional[Tensor]) -> Tensor:
+def _key_bias(c: Tensor, kpad: Optional[Tensor]) -> Tensor:
     # Step 4 as a key bias: pi_D = softmax_j(s[i, j] - c[j]); padded keys NEG.
-    return _fill(-c, _pad_t(pad), NEG).unsqueeze(-2)  # (B, h, 1, T)
+    return _fill(-c, _pad_t(kpad), NEG).unsqueeze(-2)  # (B, h, 1, T_k)
 
 
-def dnas_forward(prim, q, k, v, pad):
-    """O_D (B, h, T, D), its row lse r (B, h, T) and c (B, h, T)."""
+def dnas_forward(prim, q, k, v, kpad, qpad):
+    """O_D (B, h, T_q, D), its row lse r (B, h, T_q) and c (B, h, T_k)."""
     # c[j] = logsumexp_i s[i, j] over real queries: the transposed problem
     # (keys attend over queries, padded queries masked as its keys). Only its
     # lse is needed; the values (q) are a placeholder of the right shape.
-    _, c = prim.forward(k, q, q, key_padding_bias(pad, q.dtype))
-    o, r = prim.forward(q, k, v, _key_bias(c, pad))
+    _, c = prim.forward(k, q, q, key_padding_bias(qpad, q.dtype))
+    o, r = prim.forward(q, k, v, _key_bias(c, kpad))
     return o, r, c
 
 
-def dnas_backward(prim, do, q, k, v, o, r, c, pad, scale=None):
-    """dq, dk, dv of DNAS for upstream ``scale * do`` (B, h, T, D).
+def dnas_backward(prim, do, q, k, v, o, r, c, kpad, qpad, scale=None):
+    """dq, dk, dv of DNAS for upstream ``scale * do`` (B, h, T_q, D).
 
     ``o`` may be given with the extra zero channel already, (B, h, T, D + 1).
     Every temporary is (B, h, T, D + 1); they are freed as soon as possible
     since this runs inside the backward of a whole encoder.
     """
     d = q.shape[-1]
-    pad_t = _pad_t(pad)
+    qpad_t, kpad_t = _pad_t(qpad), _pad_t(kpad)
     oz = o if o.shape[-1] == d + 1 else _extra_channel(o)
     # dO' = [dO, .] with padded query rows zeroed (their output is constant 0).
     do_x = _extra_channel(do)
     if scale is not None:
         do_x[..., :d].mul_(scale)
-    if pad is not None:
-        do_x.masked_fill_(_rows(pad), 0.0)
+    if qpad is not None:
+        do_x.masked_fill_(_rows(qpad), 0.0)
     do_x[..., d] = torch.einsum("bhtd,bhtd->bht", do_x, oz)  # D_i = dO_i . O_i
     qz, kz = _extra_channel(q), _extra_channel(k)
     # G[j] = sum_i P[i, j] [dO_i, D_i]: transposed pass with query bias -r_i;
     # its output is normalized by its own lse c2 instead of c.
-    g, c2 = prim.forward(kz, qz, do_x, _fill(-r, pad_t, NEG).unsqueeze(-2))
-    g.mul_(torch.exp(_fill(c2 - c, pad_t, 0.0)).unsqueeze(-1))  # sum_i P[i, j], in [1/T, T]
+    g, c2 = prim.forward(kz, qz, do_x, _fill(-r, qpad_t, NEG).unsqueeze(-2))
+    g.mul_(torch.exp(_fill(c2 - c, kpad_t, 0.0)).unsqueeze(-1))  # sum_i P[i, j], in [1/T, T]
     db = torch.einsum("bhtd,bhtd->bht", v, g[..., :d]) - g[..., d]  # gradient of the key bias -c
     del g
-    dc = _fill(-db, pad_t, 0.0)  # padded keys have no c
+    dc = _fill(-db, kpad_t, 0.0)  # padded keys have no c
     # One softmax backward gives both terms of ds (see the module docstring).
-    do_x[..., d] = torch.exp(_fill(r, pad_t, float("-inf")))  # exp(r_i) = sum_j xi[i, j]; 0 at padding
-    dq, dk, dv = prim.backward(do_x, qz, kz, _extra_channel(v, dc), oz, r, _key_bias(c, pad))
+    do_x[..., d] = torch.exp(_fill(r, qpad_t, float("-inf")))  # exp(r_i) = sum_j xi[i, j]; 0 at padding
+    dq, dk, dv = prim.backward(do_x, qz, kz, _extra_channel(v, dc), oz, r, _key_bias(c, kpad))
     return dq[..., :d], dk[..., :d], dv[..., :d]
 
 
@@ -150,29 +154,30 @@ def _output_buffer(q: Tensor) -> Tensor:
 
 
 class FusedDNAS(torch.autograd.Function):
-    """pi_D V for scaled q, k, v (B, H, T, D); padded query rows give 0."""
+    """pi_D V for scaled q (B, H, T_q, D), k, v (B, H, T_k, D); padded query rows give 0."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pad, prim):
+    def forward(ctx, q, k, v, kpad, qpad, prim):
         o = _output_buffer(q)
-        r, c = (q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype)) for _ in range(2))
+        r = q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype))
+        c = k.new_empty(k.shape[:-1], dtype=compute_dtype(k.dtype))
         for h in _groups(q.shape[1]):
-            o[:, h], r[:, h], c[:, h] = dnas_forward(prim, *_up(q[:, h], k[:, h], v[:, h]), pad)
-        if pad is not None:
-            o.masked_fill_(_rows(pad), 0.0)  # as the materialized path: pi rows of padding are 0
+            o[:, h], r[:, h], c[:, h] = dnas_forward(prim, *_up(q[:, h], k[:, h], v[:, h]), kpad, qpad)
+        if qpad is not None:
+            o.masked_fill_(_rows(qpad), 0.0)  # as the materialized path: pi rows of padding are 0
         ctx.prim = prim
-        ctx.save_for_backward(q, k, v, o, r, c, pad)
+        ctx.save_for_backward(q, k, v, o, r, c, kpad, qpad)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, r, c, pad = ctx.saved_tensors
+        q, k, v, o, r, c, kpad, qpad = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for h in _groups(q.shape[1]):
             dq[:, h], dk[:, h], dv[:, h] = dnas_backward(
-                ctx.prim, *_up(do[:, h], q[:, h], k[:, h], v[:, h], o[:, h]), r[:, h], c[:, h], pad
+                ctx.prim, *_up(do[:, h], q[:, h], k[:, h], v[:, h], o[:, h]), r[:, h], c[:, h], kpad, qpad
             )
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
 class FusedHNAS(torch.autograd.Function):
@@ -187,24 +192,25 @@ class FusedHNAS(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, u, pad, prim):
+    def forward(ctx, q, k, v, u, kpad, qpad, prim):
         out = _output_buffer(q)
-        r_d, r_u, c = (q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype)) for _ in range(3))
+        r_d, r_u = (q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype)) for _ in range(2))
+        c = k.new_empty(k.shape[:-1], dtype=compute_dtype(k.dtype))
         uu = u.to(compute_dtype(q.dtype)).view(1, -1, 1, 1)
-        ubias = key_padding_bias(pad, q.dtype)
+        ubias = key_padding_bias(kpad, q.dtype)
         for h in _groups(q.shape[1]):
             qh, kh, vh = _up(q[:, h], k[:, h], v[:, h])
-            o_d, r_d[:, h], c[:, h] = dnas_forward(prim, qh, kh, vh, pad)
+            o_d, r_d[:, h], c[:, h] = dnas_forward(prim, qh, kh, vh, kpad, qpad)
             o_u, r_u[:, h] = prim.forward(qh, kh, vh, ubias)  # step 3
             out[:, h] = torch.lerp(o_u, o_d, uu[:, h])  # step 5: u O_D + (1 - u) O_U
-        if pad is not None:
-            out.masked_fill_(_rows(pad), 0.0)
+        if qpad is not None:
+            out.masked_fill_(_rows(qpad), 0.0)
         ctx.prim = prim
-        ctx.save_for_backward(q, k, v, u, out, r_d, c, r_u, pad)
+        ctx.save_for_backward(q, k, v, u, out, r_d, c, r_u, kpad, qpad)
         return out
 
     @staticmethod
-    def _both_outputs(prim, qh, kh, vh, out_h, us, c_h, pad):
+    def _both_outputs(prim, qh, kh, vh, out_h, us, c_h, kpad):
         """[O_D, 0] (B, h, T, D + 1) and O_U (B, h, T, D) for a group of heads
         whose weights are the floats ``us``."""
         oz = _extra_channel(out_h)
@@ -212,32 +218,32 @@ class FusedHNAS(torch.autograd.Function):
         for i, ui in enumerate(us):
             one = slice(i, i + 1)
             if ui >= 0.5:  # recompute O_U; O_D = (out - (1 - u) O_U) / u
-                o_u[:, one] = prim.forward(qh[:, one], kh[:, one], vh[:, one], key_padding_bias(pad, qh.dtype))[0]
+                o_u[:, one] = prim.forward(qh[:, one], kh[:, one], vh[:, one], key_padding_bias(kpad, qh.dtype))[0]
                 oz[:, one, :, :-1].sub_(o_u[:, one], alpha=1.0 - ui).div_(ui)
             else:  # recompute O_D; O_U = (out - u O_D) / (1 - u)
-                o_d = prim.forward(qh[:, one], kh[:, one], vh[:, one], _key_bias(c_h[:, one], pad))[0]
+                o_d = prim.forward(qh[:, one], kh[:, one], vh[:, one], _key_bias(c_h[:, one], kpad))[0]
                 torch.sub(out_h[:, one], o_d, alpha=ui, out=o_u[:, one]).div_(1.0 - ui)
                 oz[:, one, :, :-1] = o_d
         return oz, o_u
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, u, out, r_d, c, r_u, pad = ctx.saved_tensors
+        q, k, v, u, out, r_d, c, r_u, kpad, qpad = ctx.saved_tensors
         prim = ctx.prim
         d = q.shape[-1]
         uu = u.to(compute_dtype(q.dtype)).view(1, -1, 1, 1)
         u_list = u.tolist()
         du = torch.empty_like(u)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        ubias = key_padding_bias(pad, q.dtype)
+        ubias = key_padding_bias(kpad, q.dtype)
         for h in _groups(q.shape[1]):
             qh, kh, vh, out_h = _up(q[:, h], k[:, h], v[:, h], out[:, h])
             uh = uu[:, h]
-            do_h = _fill(_up(do[:, h])[0], _rows(pad), 0.0)
-            oz, o_u = FusedHNAS._both_outputs(prim, qh, kh, vh, out_h, u_list[h], c[:, h], pad)
+            do_h = _fill(_up(do[:, h])[0], _rows(qpad), 0.0)
+            oz, o_u = FusedHNAS._both_outputs(prim, qh, kh, vh, out_h, u_list[h], c[:, h], kpad)
             du[h] = torch.einsum("bhtd,bhtd->h", do_h, oz[..., :d] - o_u).to(u.dtype)  # <dO, O_D - O_U>
             dq[:, h], dk[:, h], dv[:, h] = dnas_backward(
-                prim, do_h, qh, kh, vh, oz, r_d[:, h], c[:, h], pad, scale=uh
+                prim, do_h, qh, kh, vh, oz, r_d[:, h], c[:, h], kpad, qpad, scale=uh
             )
             del oz
             gq, gk, gv = prim.backward(do_h * (1.0 - uh), qh, kh, vh, o_u, r_u[:, h], ubias)
@@ -245,12 +251,12 @@ class FusedHNAS(torch.autograd.Function):
             dq[:, h] += gq
             dk[:, h] += gk
             dv[:, h] += gv
-        return dq, dk, dv, du, None, None
+        return dq, dk, dv, du, None, None, None
 
 
-def fused_dnas(q, k, v, pad, prim):
-    return FusedDNAS.apply(q, k, v, pad, prim)
+def fused_dnas(q, k, v, kpad, qpad, prim):
+    return FusedDNAS.apply(q, k, v, kpad, qpad, prim)
 
 
-def fused_hnas(q, k, v, u, pad, prim):
-    return FusedHNAS.apply(q, k, v, u, pad, prim)
+def fused_hnas(q, k, v, u, kpad, qpad, prim):
+    return FusedHNAS.apply(q, k, v, u, kpad, qpad, prim)

@@ -1,8 +1,10 @@
 """Attention outputs ``probs @ V`` for every scheme: the execution paths.
 
-``attend`` is what the fairseq module calls. It takes per-head queries (already
-scaled by 1/sqrt(d)), keys and values of shape (B, H, T, D) and returns the
-output (B, H, T, D) and, when asked, the probabilities (B, H, T, T).
+``attend`` is what the fairseq module (self-attention) and
+``fairseq_dnas.nn.MultiheadAttention`` (also cross-attention) call. It takes
+per-head queries (already scaled by 1/sqrt(d)) of shape (B, H, T_q, D), keys
+and values (B, H, T_k, D), and returns the output (B, H, T_q, D) and, when
+asked, the probabilities (B, H, T_q, T_k).
 
 Paths (all compute the same function; ``tests/test_kernels.py`` checks each
 against the float64 reference, forward and gradients):
@@ -75,10 +77,12 @@ def materialized_probs(
     padding_mask: Optional[Tensor],
     hybrid_weight: Optional[Tensor],
     sinkhorn_iters: int,
+    query_padding_mask: Optional[Tensor] = None,
 ) -> Tensor:
-    """Self-attention probabilities from a materialized (B, H, T, T) score matrix."""
+    """Probabilities from a materialized (B, H, T_q, T_k) score matrix;
+    ``padding_mask`` pads the keys, ``query_padding_mask`` the queries."""
     s = scores.to(AF.compute_dtype(scores.dtype))
-    kmask, qmask = AF.broadcast_masks(padding_mask, padding_mask)
+    kmask, qmask = AF.broadcast_masks(padding_mask, query_padding_mask)
     if scheme == "unas":
         return AF.unas_probs(s, kmask, qmask)
     if scheme == "dnas":
@@ -201,16 +205,26 @@ def attend(
     dropout: Optional[Callable[[Tensor], Tensor]] = None,
     need_weights: bool = False,
     path: Optional[str] = None,
+    query_padding_mask: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """Self-attention output for scaled queries ``q`` and keys/values ``k``, ``v``.
+    """Attention output for scaled queries ``q`` and keys/values ``k``, ``v``.
 
-    ``padding_mask`` is (B, T), True at padding: the padded positions are both
-    the padded keys and the padded queries; their output rows are 0.
+    Self-attention: ``padding_mask`` is (B, T), True at padding: the padded
+    positions are both the padded keys and the padded queries; their output
+    rows are 0. Cross-attention (T_q may differ from T_k): ``padding_mask``
+    (B, T_k) pads the keys and ``query_padding_mask`` (B, T_q) the queries,
+    which DNAS leaves out of its column sums (None: no padded query).
     Probabilities are computed in float32 and cast back to the dtype of ``v``
     before ``@ V``, as fairseq does. ``path`` picks the execution path (see the
     module docstring); all paths give the same result.
     """
     pad = None if padding_mask is None else padding_mask.bool()
+    qpad = pad if query_padding_mask is None else query_padding_mask.bool()
+    if query_padding_mask is None and pad is not None and q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"cross-attention ({q.shape[-2]} queries, {k.shape[-2]} keys) with a key padding mask "
+            "needs query_padding_mask (B, T_q), all False when no query is padded"
+        )
     chosen = choose_path(
         q,
         sinkhorn_iters=sinkhorn_iters,
@@ -223,26 +237,26 @@ def attend(
         # only reached by direct callers (tests, benchmarks): the reference math.
         chosen = "materialized"
     if chosen == "triton":
-        return _attend_triton(q, k, v, scheme, pad, hybrid_weight, dropout, need_weights)
+        return _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights)
     if chosen in ("flash", "blockwise"):
         prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
         if scheme == "dnas":
-            return fused_dnas(q, k, v, pad, prim), None
-        return fused_hnas(q, k, v, hybrid_weight, pad, prim), None
+            return fused_dnas(q, k, v, pad, qpad, prim), None
+        return fused_hnas(q, k, v, hybrid_weight, pad, qpad, prim), None
 
     if chosen == "dense":
-        probs = dense_probs(q, k, scheme, pad, hybrid_weight)
+        probs = dense_probs(q, k, scheme, pad, qpad, hybrid_weight)
     else:
-        scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T, T)
-        probs = materialized_probs(scores, scheme, pad, hybrid_weight, sinkhorn_iters)
+        scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T_q, T_k)
+        probs = materialized_probs(scores, scheme, pad, hybrid_weight, sinkhorn_iters, qpad)
     p = probs.to(v.dtype)
     if dropout is not None:
         p = dropout(p)
-    out = torch.matmul(p, v)  # (B, H, T, D)
+    out = torch.matmul(p, v)  # (B, H, T_q, D)
     return out, (probs if need_weights else None)
 
 
-def _attend_triton(q, k, v, scheme, pad, hybrid_weight, dropout, need_weights):
+def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights):
     from fairseq_dnas.attention import triton_flash  # imports triton: only when chosen
 
     p = dropout_p(dropout)
@@ -255,11 +269,11 @@ def _attend_triton(q, k, v, scheme, pad, hybrid_weight, dropout, need_weights):
         q, k, v,
         hybrid_weight=hybrid_weight if scheme == "hnas" else None,
         key_padding_mask=pad,
-        query_padding_mask=pad,
+        query_padding_mask=qpad,
         dropout_p=p,
     )
     weights = None
     if need_weights:  # the pre-dropout probabilities, as fairseq returns them
         with torch.no_grad():
-            weights = dense_probs(q, k, scheme, pad, hybrid_weight)
+            weights = dense_probs(q, k, scheme, pad, qpad, hybrid_weight)
     return out, weights

@@ -8,37 +8,15 @@ plain ``transformer`` and ``transformer_dnas`` / ``transformer_hnas``, but owns
 would silently train plain softmax attention.
 """
 
-import math
 from typing import Dict, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
-from torch import Tensor, nn
+from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
+from fairseq_dnas.attention.hybrid import HYBRID_PER, check_hybrid_init, exact_logit, hybrid_logit  # noqa: F401
 from fairseq_dnas.attention.kernels import attend
-
-HYBRID_PER = ("head", "layer")
-
-
-def exact_logit(u: float) -> float:
-    """The float32 logit whose float32 sigmoid is closest to u (exactly u when
-    float32 allows it, e.g. the paper's 0.1 and 0.5).
-
-    ``log(u / (1 - u))`` rounded to float32 can miss by a step; look at the
-    neighbouring float32 values so the hybrid weight starts at the flag's value.
-    """
-    target = torch.tensor(u, dtype=torch.float64)
-    x = torch.tensor(math.log(u / (1.0 - u)), dtype=torch.float32)
-    candidates = [x]
-    for direction in (math.inf, -math.inf):
-        y = x
-        for _ in range(8):
-            y = torch.nextafter(y, torch.tensor(direction))
-            candidates.append(y)
-    errors = [abs(torch.sigmoid(c).double().item() - target.item()) for c in candidates]
-    return candidates[errors.index(min(errors))].item()
-
 
 class DNASMultiheadAttention(MultiheadAttention):
     """Self-attention with scheme 'unas', 'dnas' or 'hnas' (Ding et al., 2020).
@@ -85,12 +63,7 @@ class DNASMultiheadAttention(MultiheadAttention):
         self.scheme = scheme
         self.sinkhorn_iters = sinkhorn_iters
         if scheme == "hnas":
-            check_hybrid_init(hybrid_init)
-            if hybrid_per not in HYBRID_PER:
-                raise ValueError(f"hybrid_per must be one of {HYBRID_PER}; got {hybrid_per!r}")
-            n = num_heads if hybrid_per == "head" else 1
-            # u = sigmoid(logit) stays in [0, 1] whatever the optimizer does.
-            self.hybrid_logit = nn.Parameter(torch.full((n,), exact_logit(hybrid_init)))
+            self.hybrid_logit = hybrid_logit(num_heads, hybrid_init, hybrid_per)
             self.hybrid_init = hybrid_init
         else:
             self.hybrid_logit = None
@@ -184,21 +157,3 @@ class DNASMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
-
-
-def check_hybrid_init(hybrid_init) -> None:
-    """The initial HNAS weight must lie strictly inside (0, 1).
-
-    u = sigmoid(logit) reaches 0 or 1 only at an infinite logit, which
-    would never train; a fixed u of 0 or 1 is simply UNAS or DNAS.
-    """
-    try:
-        ok = 0.0 < float(hybrid_init) < 1.0
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"--hybrid-init must lie in (0, 1) (paper: 0.1 for Gigaword, 0.5 "
-            f"elsewhere); got {hybrid_init!r}. For a fixed weight of 0 or 1 use "
-            f"--encoder-attention-scheme unas or dnas instead."
-        )

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The whole translation recipe on a CPU in a few minutes (Multi30k de-en):
+#
+#   MULTI30K_DIR=../shared/data/multi30k bash examples/translation/quickstart.sh
+#
+# prepare.sh (all 29,000 training pairs, 4,000 joint SentencePiece pieces, the
+# first 200 validation and 500 pairs of each test set) -> train.sh (a tiny
+# HNAS model, MAX_UPDATE updates of 2,048 tokens, validation BLEU at the end)
+# -> generate.sh (beam 5 on the first 500 test2016 sentences) ->
+# bleu_eval.py. Prints a few sentences with reference and translation, then
+# BLEU and chrF. Time: about 3 minutes on 2 CPU cores (training about 2 of
+# them). Expect BLEU about 15 (a smoke run, not a result; see README.md).
+# Safe to re-run: finished steps are skipped.
+set -euo pipefail
+
+WORK_DIR="${WORK_DIR:-${TMPDIR:-/tmp}/fairseq-dnas-translation-quickstart}"
+MULTI30K_DIR="${MULTI30K_DIR:-}"            # the Multi30k folder (README, raw/)
+ARCH="${ARCH:-transformer_hnas}"            # transformer | transformer_dnas | transformer_hnas
+VALID_PAIRS="${VALID_PAIRS:-200}"
+TEST_PAIRS="${TEST_PAIRS:-500}"
+VOCAB_SIZE="${VOCAB_SIZE:-4000}"
+MAX_UPDATE="${MAX_UPDATE:-250}"
+LR="${LR:-2e-3}"
+SHOW="${SHOW:-3}"                           # examples printed at the end
+DEVICE="${DEVICE:-auto}"
+
+source "$(dirname "$0")/../gigaword/common.sh"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+check_python
+[ -n "$MULTI30K_DIR" ] || die "set MULTI30K_DIR to the Multi30k folder (e.g. ../shared/data/multi30k)"
+mkdir -p "$WORK_DIR/results"
+DATA="$WORK_DIR/data"
+CKPT="$WORK_DIR/checkpoints/$ARCH"
+START=$SECONDS
+
+say "1/3 prepare (Multi30k, $VALID_PAIRS validation pairs, $TEST_PAIRS pairs per test set) into $DATA"
+MULTI30K_DIR="$MULTI30K_DIR" VOCAB_SIZE="$VOCAB_SIZE" MAX_VALID_PAIRS="$VALID_PAIRS" \
+  MAX_TEST_PAIRS="$TEST_PAIRS" bash "$HERE/prepare.sh" "$DATA"
+
+say "2/3 train a tiny $ARCH model for $MAX_UPDATE updates (log: $CKPT/train.log)"
+DATA="$DATA/bin" ARCH="$ARCH" SIZE=tiny DROPOUT=0.1 LR="$LR" WARMUP_UPDATES=100 SEED=1 DEVICE="$DEVICE" \
+  BATCH_TOKENS=2048 MAX_TOKENS_PER_PROC=2048 MAX_UPDATE="$MAX_UPDATE" \
+  VALIDATE_INTERVAL_UPDATES="$MAX_UPDATE" LOG_INTERVAL=50 SAVE_DIR="$CKPT" bash "$HERE/train.sh" \
+  | awk -F' [|] ' '/train_inner|valid on/ { print "  " substr($0, index($0, $4)); fflush() }'
+
+say "3/3 translate the first $TEST_PAIRS test2016 sentences and score them"
+DATA="$DATA" CHECKPOINT="$CKPT/checkpoint_best.pt" SUBSET=test OUT_PREFIX="$WORK_DIR/results/$ARCH" \
+  LABEL="$ARCH" DEVICE="$DEVICE" bash "$HERE/generate.sh" > /dev/null
+
+echo
+echo "=== $SHOW test2016 sentences: source, reference, translation ($ARCH, tiny, $MAX_UPDATE updates) ==="
+# awk, not head: head would close the pipe early and pipefail turn SIGPIPE into failure.
+paste -d '\t' "$DATA/text/test.de" "$DATA/text/test.en" "$WORK_DIR/results/$ARCH.hyp" |
+  awk -v n="$SHOW" 'NR <= n' |
+  while IFS=$'\t' read -r source reference translation; do
+    echo "source:      $source"
+    echo "reference:   $reference"
+    echo "translation: $translation"
+    echo
+  done
+echo "=== sacreBLEU on the first $TEST_PAIRS test2016 pairs (small-scale smoke run) ==="
+"$PYTHON" "$REPO/scripts/bleu_eval.py" --hyp "$WORK_DIR/results/$ARCH.hyp" --ref "$DATA/text/test.en"
+echo
+say "done in $(( SECONDS - START )) s; outputs under $WORK_DIR"

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Train one translation model: UNAS, DNAS or HNAS encoder, UNAS decoder, with
+# validation BLEU (fairseq's --eval-bleu) and the best checkpoint by BLEU.
+#
+#   DATA=data/multi30k/bin ARCH=transformer_hnas SEED=1 bash examples/translation/train.sh [fairseq-train flags]
+#
+# Flags after the script name go to fairseq-train last (they override these).
+# SIZE=small (default): 3 encoder + 3 decoder layers, width 256, 4 heads, FFN
+# 1024, all embeddings shared (9.1M parameters with an 8k joint vocabulary).
+# Multi30k's 29k short caption pairs overfit fairseq's base model (60M+);
+# published small-data recipes use 3-6 layers of width 256-512, and 3 x 256 is
+# the largest that trains in minutes on a CPU. SIZE=tiny (2 + 2, width 128)
+# is for smoke tests. Hardware and time (2 CPU cores shared, one thread):
+# SIZE=small about 0.5 s (UNAS) to 0.6 s (DNAS/HNAS) per update of 2,048
+# tokens; a GPU: NPROC GPUs, the effective batch stays BATCH_TOKENS.
+# Safe to re-run: fairseq resumes from SAVE_DIR/checkpoint_last.pt.
+set -euo pipefail
+
+DATA="${DATA:-data/multi30k/bin}"           # prepare.sh's OUT_DIR/bin
+ARCH="${ARCH:-transformer_hnas}"            # transformer (UNAS baseline) | transformer_dnas | transformer_hnas
+SRC="${SRC:-de}"
+TGT="${TGT:-en}"
+SEED="${SEED:-1}"
+SIZE="${SIZE:-small}"                       # small (3+3 layers, 256) | tiny (2+2, 128)
+DROPOUT="${DROPOUT:-0.3}"                   # 0.3 for long runs on 29k pairs; short CPU runs learn faster with 0.1
+MAX_UPDATE="${MAX_UPDATE:-20000}"
+LR="${LR:-1e-3}"
+WARMUP_UPDATES="${WARMUP_UPDATES:-1000}"
+BATCH_TOKENS="${BATCH_TOKENS:-4096}"        # effective target tokens per update, over all processes
+MAX_TOKENS_PER_PROC="${MAX_TOKENS_PER_PROC:-4096}"  # per process and step; --update-freq makes up the rest
+VALIDATE_INTERVAL_UPDATES="${VALIDATE_INTERVAL_UPDATES:-1000}"  # validation (BLEU) and checkpoint every N updates
+EVAL_BLEU_BEAM="${EVAL_BLEU_BEAM:-1}"        # validation decoding (greedy: cheap, ranks checkpoints the same way)
+SAVE_DIR="${SAVE_DIR:-checkpoints/translation/$ARCH-$SIZE-seed$SEED}"
+DEVICE="${DEVICE:-auto}"                    # gpu | cpu | auto
+NPROC="${NPROC:-0}"                         # processes (0: every GPU; 1 on CPU)
+CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"  # CPU mode: threads shared by the processes
+LOG_INTERVAL="${LOG_INTERVAL:-100}"
+DRY_RUN="${DRY_RUN:-0}"                     # 1: print the command and stop
+
+source "$(dirname "$0")/../gigaword/common.sh"
+check_python
+[ -f "$DATA/dict.$SRC.txt" ] || die "no binarized data in DATA=$DATA (run prepare.sh, then point DATA at OUT_DIR/bin)"
+
+case "$ARCH" in
+  transformer|transformer_dnas|transformer_hnas) ;;
+  *) die "ARCH=$ARCH: choose transformer (UNAS baseline), transformer_dnas or transformer_hnas" ;;
+esac
+case "$SIZE" in
+  small) LAYERS=3; DIM=256; FFN=1024; HEADS=4 ;;
+  tiny)  LAYERS=2; DIM=128; FFN=512;  HEADS=4 ;;
+  *) die "SIZE=$SIZE: choose small or tiny" ;;
+esac
+
+DEVICE="$(resolve_device "$DEVICE")"
+if [ "$NPROC" = 0 ]; then
+  if [ "$DEVICE" = gpu ]; then NPROC="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')"; else NPROC=1; fi
+fi
+[ "$NPROC" -ge 1 ] 2>/dev/null || die "NPROC=$NPROC: no GPU found or not a positive number (DEVICE=cpu trains on CPU)"
+PER_PROC=$((BATCH_TOKENS / NPROC))
+UPDATE_FREQ=$(( (PER_PROC + MAX_TOKENS_PER_PROC - 1) / MAX_TOKENS_PER_PROC ))
+PER_STEP=$((PER_PROC / UPDATE_FREQ))
+say "$ARCH ($SIZE, seed $SEED) on $NPROC $DEVICE process(es): $PER_STEP tokens x $NPROC x update-freq $UPDATE_FREQ ~ $BATCH_TOKENS per update, $MAX_UPDATE updates"
+
+ARGS=("$DATA"
+  --user-dir "$USER_DIR"
+  --task translation --source-lang "$SRC" --target-lang "$TGT"
+  --arch "$ARCH" --share-all-embeddings
+  --encoder-layers "$LAYERS" --decoder-layers "$LAYERS"
+  --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM"
+  --encoder-ffn-embed-dim "$FFN" --decoder-ffn-embed-dim "$FFN"
+  --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS"
+  --dropout "$DROPOUT"
+  --optimizer adam --adam-betas "(0.9, 0.98)" --weight-decay 0.0001
+  --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP_UPDATES" --warmup-init-lr 1e-7
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+  --max-tokens "$PER_STEP" --update-freq "$UPDATE_FREQ"
+  --max-update "$MAX_UPDATE"
+  --seed "$SEED"
+  # Validate and save by updates only: the same schedule whatever the data size.
+  --validate-interval-updates "$VALIDATE_INTERVAL_UPDATES" --validate-interval 1000000
+  --save-interval-updates "$VALIDATE_INTERVAL_UPDATES" --save-interval 1000000
+  --keep-interval-updates 1 --no-epoch-checkpoints
+  # Validation BLEU: decode, remove SentencePiece, detokenized sacreBLEU.
+  --eval-bleu --eval-bleu-remove-bpe sentencepiece
+  --eval-bleu-args "{\"beam\": $EVAL_BLEU_BEAM, \"max_len_a\": 1.2, \"max_len_b\": 10}"
+  --best-checkpoint-metric bleu --maximize-best-checkpoint-metric
+  --save-dir "$SAVE_DIR"
+  --log-format simple --log-interval "$LOG_INTERVAL")
+
+if [ "$DEVICE" = gpu ]; then
+  ARGS+=(--fp16)
+  LAUNCH=("$PYTHON" -m fairseq_cli.train)
+  [ "$NPROC" -gt 1 ] && ARGS+=(--distributed-world-size "$NPROC")  # fairseq spawns one process per GPU
+else
+  ARGS+=(--cpu)
+  export OMP_NUM_THREADS=$(( CPU_THREADS / NPROC > 0 ? CPU_THREADS / NPROC : 1 ))
+  LAUNCH=("$PYTHON" -m fairseq_cli.train)
+  if [ "$NPROC" -gt 1 ]; then
+    # As examples/gigaword/train.sh: torchrun, gloo, fairseq's legacy DDP on CPU.
+    LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m fairseq_cli.train)
+    ARGS+=(--distributed-world-size "$NPROC" --distributed-init-method env:// --distributed-rank -1
+           --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp)
+  fi
+fi
+
+if [ "$DRY_RUN" = 1 ]; then printf '%q ' "${LAUNCH[@]}" "${ARGS[@]}" "$@"; echo; exit 0; fi
+# A finished run is not resumed: fairseq would take one more update past
+# --max-update and validate and save again.
+if [ -f "$SAVE_DIR/done" ]; then say "$SAVE_DIR/done exists: training is finished, skipping"; exit 0; fi
+export PYTHONUNBUFFERED=1
+mkdir -p "$SAVE_DIR"
+printf '%q ' "${LAUNCH[@]}" "${ARGS[@]}" "$@" > "$SAVE_DIR/train.cmd"; echo >> "$SAVE_DIR/train.cmd"
+say "command: $SAVE_DIR/train.cmd; log: $SAVE_DIR/train.log"
+"${LAUNCH[@]}" "${ARGS[@]}" "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
+[ -f "$SAVE_DIR/checkpoint_best.pt" ] || die "training ended without $SAVE_DIR/checkpoint_best.pt (see $SAVE_DIR/train.log)"
+date -u +%FT%TZ > "$SAVE_DIR/done"
+say "done: $SAVE_DIR/checkpoint_best.pt"
