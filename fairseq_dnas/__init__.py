@@ -20,7 +20,31 @@ __version__ = "0.1.0"
 __all__ = ["SCHEMES", "attention_probs", "__version__"]
 
 
-def _register_with_fairseq() -> None:
+_registered = False
+
+
+def _plugin_module_initializing() -> bool:
+    """Whether a module of this package is half-way through its own import
+    (Python marks its spec ``_initializing``)."""
+    return any(
+        name.startswith("fairseq_dnas.") and getattr(getattr(mod, "__spec__", None), "_initializing", False)
+        for name, mod in list(sys.modules.items())
+    )
+
+
+def _register_with_fairseq(defer_inside_plugin: bool = True) -> None:
+    """Import the modules that register with fairseq (once).
+
+    When ``import fairseq`` comes from inside one of this package's own
+    modules (``from fairseq_dnas.modules import ...`` before fairseq was
+    imported), registering at that moment would import that half-initialized
+    module back (a circular import): then the module itself calls
+    ``register_with_fairseq()`` at its end.
+    """
+    global _registered
+    if _registered or (defer_inside_plugin and _plugin_module_initializing()):
+        return
+    _registered = True
     from fairseq_dnas import checkpoint_compat
 
     checkpoint_compat.install()
@@ -55,6 +79,11 @@ class _AfterFairseqImport(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = exec_then_register
         return spec
+
+
+def register_with_fairseq() -> None:
+    """Called at the end of each module of this package that imports fairseq."""
+    _register_with_fairseq(defer_inside_plugin=False)
 
 
 if sys.modules.get("fairseq") is not None:

@@ -106,3 +106,7 @@ def install() -> None:
     ):
         if not isinstance(module.torch, _TorchWithLoad):
             module.torch = _TorchWithLoad(load)
+
+from fairseq_dnas import register_with_fairseq  # noqa: E402
+
+register_with_fairseq()  # now complete: see fairseq_dnas._register_with_fairseq

@@ -3,3 +3,7 @@
 from fairseq_dnas.models.transformer_dnas import TransformerDNASModel
 
 __all__ = ["TransformerDNASModel"]
+
+from fairseq_dnas import register_with_fairseq  # noqa: E402
+
+register_with_fairseq()  # now complete: see fairseq_dnas._register_with_fairseq
