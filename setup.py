@@ -48,6 +48,11 @@ setup(
         "rouge-score>=0.1.2",  # ROUGE (Google's reimplementation of Perl ROUGE)
         "matplotlib>=3.5",  # analysis pictures
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": [
+        "pytest>=7",
+        # property tests of the attention math (tests/test_properties.py):
+        # random shapes, padding, dtypes and scores, derandomized in CI
+        "hypothesis>=6",
+    ]},
     license="MIT",
 )
