@@ -136,19 +136,25 @@ def main(argv=None):
     if args.bootstrap < 1 or args.max_bytes < 0:
         print("error: --bootstrap must be >= 1 and --max-bytes >= 0", file=sys.stderr)
         return 2
-    try:
-        hyps = read_lines(args.hyp)
-        refs_list = [read_lines(path) for path in args.ref]
-    except (OSError, UnicodeDecodeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    refs_list = []
+    for path in (args.hyp, *args.ref):
+        try:
+            lines = read_lines(path)
+        except OSError as err:
+            print(f"error: {path}: cannot read ({err.strerror or err})", file=sys.stderr)
+            return 1
+        except UnicodeDecodeError as err:
+            print(f"error: {path}: not UTF-8 text (corrupt? byte {err.start}: {err.reason})", file=sys.stderr)
+            return 1
+        refs_list.append(lines)
+    hyps = refs_list.pop(0)
     for path, refs in zip(args.ref, refs_list):
         if len(refs) != len(hyps):
             print(f"error: {args.hyp} has {len(hyps)} lines but {path} has {len(refs)}; "
                   "hypotheses and references must be aligned line by line", file=sys.stderr)
             return 1
     if not hyps:
-        print(f"error: {args.hyp} is empty", file=sys.stderr)
+        print(f"error: {args.hyp}: empty, no hypothesis to score", file=sys.stderr)
         return 1
     result = evaluate(hyps, refs_list, args.bootstrap, args.seed, args.multi_ref, args.max_bytes)
     result["hyp"], result["ref"] = args.hyp, args.ref
