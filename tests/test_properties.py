@@ -12,7 +12,7 @@ equality with the float64 reference (tests/reference.py).
 
 Cost and determinism: a fixed number of examples per test, derandomized
 unless HYPOTHESIS_PROFILE=explore. Settings (environment):
-  FAIRSEQ_DNAS_PROPERTY_EXAMPLES        examples per test (default 25)
+  FAIRSEQ_DNAS_PROPERTY_EXAMPLES        examples per test (default 15)
   FAIRSEQ_DNAS_PROPERTY_EXAMPLES_<PATH> examples for one path, e.g. _TRITON=5
   HYPOTHESIS_PROFILE=explore            random (not derandomized) search, for
                                         developers hunting for new failures
@@ -51,7 +51,7 @@ F32_EPS = 2.0 ** -24  # every path computes in float32 or better
 
 
 def examples(path=None):
-    default = int(os.environ.get("FAIRSEQ_DNAS_PROPERTY_EXAMPLES", "25"))
+    default = int(os.environ.get("FAIRSEQ_DNAS_PROPERTY_EXAMPLES", "15"))
     if path is None:
         return default
     return int(os.environ.get(f"FAIRSEQ_DNAS_PROPERTY_EXAMPLES_{path.upper()}", default))

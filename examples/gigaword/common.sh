@@ -28,8 +28,12 @@ check_python() {
   [ -n "$PYTHON" ] && [ -n "$found" ] && [ -x "$found" ] \
     || die "no Python found at PYTHON=${PYTHON:-} (a path or a command on PATH); run 'bash scripts/install.sh' or set PYTHON"
   PYTHON="$found"
+  # Checked once per run: the scripts this one starts (train.sh, generate.sh
+  # from run_seeds.sh or quickstart.sh) inherit the result.
+  [ "${FAIRSEQ_DNAS_CHECKED_PYTHON:-}" = "$PYTHON" ] && return 0
   "$PYTHON" -c 'import fairseq, fairseq_dnas, sentencepiece, rouge_score' 2>/dev/null \
     || die "$PYTHON lacks fairseq, fairseq_dnas, sentencepiece or rouge-score; run 'bash scripts/install.sh' (or set PYTHON to the environment that has them)"
+  export FAIRSEQ_DNAS_CHECKED_PYTHON="$PYTHON"
 }
 
 # cpu or gpu: DEVICE=auto picks gpu when torch sees one.
