@@ -47,6 +47,8 @@ def read_checkpoint(load, path, *args, **kwargs):
             raise BadFile(path, "corrupt, or not a fairseq checkpoint: it holds a type fairseq never "
                                 f"writes into one; set {TRUST_ENV}=1 only if you trust the file") from None
         raise BadFile(path, f"not a readable checkpoint, truncated or corrupt ({_first_line(err)})") from None
+    except (PermissionError, IsADirectoryError) as err:
+        raise BadFile(path, f"cannot read ({err.strerror})") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, struct.error) as err:
         raise BadFile(path, f"not a readable checkpoint, truncated or corrupt ({_first_line(err)})") from None
     except (KeyError, TypeError, AttributeError) as err:  # fairseq's upgrade of what it read
