@@ -13,7 +13,8 @@ equality with the float64 reference (tests/reference.py).
 Cost and determinism: a fixed number of examples per test, derandomized
 unless HYPOTHESIS_PROFILE=explore. Settings (environment):
   FAIRSEQ_DNAS_PROPERTY_EXAMPLES        examples per test (default 15)
-  FAIRSEQ_DNAS_PROPERTY_EXAMPLES_<PATH> examples for one path, e.g. _TRITON=5
+  FAIRSEQ_DNAS_PROPERTY_EXAMPLES_<PATH> examples for one path, e.g. _TRITON=20
+                                        (default: 4 for 'triton', slow on CPU)
   HYPOTHESIS_PROFILE=explore            random (not derandomized) search, for
                                         developers hunting for new failures
 Each test prints how many cases it ran (pytest -s shows them).
@@ -50,10 +51,16 @@ MAX_LEN = 300
 F32_EPS = 2.0 ** -24  # every path computes in float32 or better
 
 
+# Paths that are slow on CPU get fewer examples by default: the Triton kernels
+# run under TRITON_INTERPRET=1 there, one Python call per program instance.
+SLOW_PATH_EXAMPLES = {"triton": 4}
+
+
 def examples(path=None):
     default = int(os.environ.get("FAIRSEQ_DNAS_PROPERTY_EXAMPLES", "15"))
     if path is None:
         return default
+    default = min(default, SLOW_PATH_EXAMPLES.get(path, default))
     return int(os.environ.get(f"FAIRSEQ_DNAS_PROPERTY_EXAMPLES_{path.upper()}", default))
 
 
