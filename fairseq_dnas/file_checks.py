@@ -44,8 +44,9 @@ def read_checkpoint(load, path, *args, **kwargs):
         state = load(path, *args, **kwargs)
     except pickle.UnpicklingError as err:
         if "fairseq-dnas refused" in str(err):  # checkpoint_compat's weights-only refusal
-            raise BadFile(path, "corrupt, or not a fairseq checkpoint: it holds a type fairseq never "
-                                f"writes into one; set {TRUST_ENV}=1 only if you trust the file") from None
+            raise BadFile(path, "refused to unpickle: it holds a type fairseq never writes into a "
+                                "checkpoint (corrupt, or not a fairseq checkpoint); set "
+                                f"{TRUST_ENV}=1 only if you trust the file") from None
         raise BadFile(path, f"not a readable checkpoint, truncated or corrupt ({_first_line(err)})") from None
     except (PermissionError, IsADirectoryError) as err:
         raise BadFile(path, f"cannot read ({err.strerror})") from None
