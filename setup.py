@@ -49,7 +49,12 @@ setup(
         "matplotlib>=3.5",  # analysis pictures
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": [
+            "pytest>=7",
+            # property tests of the attention math (tests/test_properties.py):
+            # random shapes, padding, dtypes and scores, derandomized in CI
+            "hypothesis>=6",
+        ],
         # The GPU kernels (fairseq_dnas/attention/triton_flash.py). CUDA builds
         # of torch already ship a matching triton; on CPU machines it is
         # installed so that the tests run the kernels under Triton's

@@ -66,10 +66,17 @@ def main(argv=None):
     try:
         with open(args.sources, encoding="utf-8") as f:
             n_sources = sum(1 for _ in f)
+    except (OSError, ValueError) as err:
+        print(f"error: {args.sources}: cannot read ({err})", file=sys.stderr)
+        return 1
+    if n_sources == 0:
+        print(f"error: {args.sources}: empty, no source sentence", file=sys.stderr)
+        return 1
+    try:
         with open(args.generate_log, encoding="utf-8") as f:
             hyps = collect(f, n_sources)
     except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {args.generate_log}: {err}", file=sys.stderr)
         return 1
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:

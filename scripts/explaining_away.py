@@ -29,7 +29,9 @@ Example:
 
 Writes into --out: summary.csv, summary.json, histograms.csv and the PNGs.
 Exit status: 0 on success; 1 for a missing checkpoint, data folder or split,
-or an empty split; 2 for bad arguments.
+an empty split, a truncated or corrupt checkpoint or data file, or a
+checkpoint that does not fit the data (one line naming the file); 2 for bad
+arguments. Nothing is written unless every checkpoint was analysed.
 """
 
 import argparse
@@ -39,6 +41,7 @@ import time
 
 from fairseq_dnas.analysis.column_sums import BIN_WIDTH, EDGES, EPSILON
 from fairseq_dnas.analysis.explaining_away import SplitError, load_split, run_split, summary_rows
+from fairseq_dnas.file_checks import BadFile
 
 SUMMARY_FIELDS = [
     "model", "checkpoint", "attention", "layer", "scheme", "component", "hybrid_u_mean",
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
         try:
             model, _, task = load_model(path, args.data, device)
             dataset = load_split(task, args.subset, args.data)
-        except (FileNotFoundError, SplitError) as err:
+        except (FileNotFoundError, SplitError, BadFile) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
         scheme = encoder_scheme(model)

@@ -27,11 +27,14 @@ def main(argv=None):
         return 2
     try:
         with open(args.input, encoding="utf-8") as f:
-            for line in f:
-                sys.stdout.write(lead(line, args.words) + "\n")
+            articles = f.readlines()  # all read before anything is written
     except (OSError, UnicodeDecodeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {args.input}: cannot read ({err})", file=sys.stderr)
         return 1
+    if not articles:
+        print(f"error: {args.input}: empty, no article to take a headline from", file=sys.stderr)
+        return 1
+    sys.stdout.writelines(lead(line, args.words) + "\n" for line in articles)
     return 0
 
 

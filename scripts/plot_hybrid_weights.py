@@ -14,8 +14,9 @@ Example:
     python scripts/plot_hybrid_weights.py $(ls -v checkpoints/hnas/checkpoint[0-9]*.pt) \\
         --out hybrid_weights.png --csv hybrid_weights.csv
 
-Exit status: 0 on success; 1 when a checkpoint is missing or has no hybrid
-weights (e.g. a plain transformer or a DNAS model); 2 for bad arguments.
+Exit status: 0 on success; 1 when a checkpoint is missing, unreadable
+(truncated, corrupt) or has no hybrid weights (e.g. a plain transformer or a
+DNAS model), with one line naming it; 2 for bad arguments.
 """
 
 import argparse
@@ -23,6 +24,7 @@ import sys
 
 from fairseq_dnas.analysis.files import write_csv
 from fairseq_dnas.analysis.hybrid import NoHybridWeights, read_hybrid_weights
+from fairseq_dnas.file_checks import BadFile
 
 
 def parse_args(argv):
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
     for path in args.checkpoints:
         try:
             weights.append(read_hybrid_weights(path))
-        except (FileNotFoundError, NoHybridWeights) as err:
+        except (FileNotFoundError, NoHybridWeights, BadFile) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
     labels = args.labels or [w.label() for w in weights]

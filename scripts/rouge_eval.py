@@ -134,17 +134,21 @@ def parse_args(argv):
 def load_aligned(hyp_path, ref_paths):
     """(hypotheses, [references per file]); ValueError naming the files when
     they cannot be read, are empty, or are not aligned line by line."""
-    try:
-        hyps = read_lines(hyp_path)
-        refs_list = [read_lines(path) for path in ref_paths]
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(str(err)) from None
+    texts = []
+    for path in (hyp_path, *ref_paths):
+        try:
+            texts.append(read_lines(path))
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read ({err.strerror or err})") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text (corrupt? byte {err.start}: {err.reason})") from None
+    hyps, refs_list = texts[0], texts[1:]
     for path, refs in zip(ref_paths, refs_list):
         if len(refs) != len(hyps):
             raise ValueError(f"{hyp_path} has {len(hyps)} lines but {path} has {len(refs)}; "
                              "hypotheses and references must be aligned line by line")
     if not hyps:
-        raise ValueError(f"{hyp_path} is empty")
+        raise ValueError(f"{hyp_path}: empty, no hypothesis to score")
     return hyps, refs_list
 
 

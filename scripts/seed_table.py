@@ -10,6 +10,11 @@ the name of the folder holding the file. Standard error = sample standard
 deviation (ddof 1) / sqrt(runs), as the paper reports over 5 runs. A system
 with a single run shows its bootstrap 95% interval over test sentences
 instead (it says nothing about seed-to-seed variation).
+
+Every file must be a rouge_eval.py result of the same test set (sentence
+count, reference file names, multi-reference and truncation settings): a file
+that is not, or that scored another test set, is named and nothing is
+printed (exit status 1).
 """
 
 import argparse
@@ -17,7 +22,7 @@ import json
 import math
 import os
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 TYPES = (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L"))
 NAMES = {
@@ -27,11 +32,57 @@ NAMES = {
 }
 
 
-def load(paths):
-    groups = OrderedDict()
-    for path in paths:
+class ResultError(ValueError):
+    """A results file that cannot go into the table; str() names it."""
+
+
+def _read(path):
+    try:
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
+    except OSError as err:
+        raise ResultError(f"{path}: cannot read ({err.strerror or err})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ResultError(f"{path}: not valid JSON, truncated or corrupt ({err})") from None
+    try:
+        if not isinstance(result["sentences"], int) or result["sentences"] < 1:
+            raise TypeError("sentences")
+        for variant in ("stemmed", "unstemmed"):
+            for rouge_type, _ in TYPES:
+                f = result[variant][rouge_type]["fmeasure"]
+                if not all(isinstance(f[k], (int, float)) for k in ("mean", "low", "high")):
+                    raise TypeError(f"{variant}.{rouge_type}")
+    except (KeyError, TypeError) as err:
+        raise ResultError(f"{path}: not a rouge_eval.py result (no usable {err} entry)") from None
+    return result
+
+
+def _setting(result):
+    """What must be equal for results to share a table: the same test set, scored alike."""
+    refs = result.get("ref") or []
+    return (result["sentences"], tuple(os.path.basename(r) for r in refs), result.get("references"),
+            result.get("multi_ref"), result.get("max_bytes"))
+
+
+def _describe(setting):
+    sentences, refs, *_ = setting
+    return f"{sentences} sentences" + (f" against {', '.join(refs)}" if refs else "")
+
+
+def load(paths):
+    """label -> results. ResultError (naming the file) for a file that is not
+    a rouge_eval.py result, or that scored another test set than the others
+    (another run's results mixed in)."""
+    results = [(path, _read(path)) for path in paths]
+    settings = Counter(_setting(r) for _, r in results)
+    common = settings.most_common(1)[0][0]
+    for path, result in results:
+        if _setting(result) != common:
+            raise ResultError(
+                f"{path}: scored {_describe(_setting(result))} (or with other settings), the other "
+                f"results {_describe(common)}; a result of another run or test set")
+    groups = OrderedDict()
+    for path, result in results:
         label = result.get("label") or os.path.basename(os.path.dirname(os.path.abspath(path)))
         groups.setdefault(label, []).append(result)
     return groups
@@ -73,10 +124,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         groups = load(args.results)
-        print(table(groups, args.variant, [o for o in args.order.split(",") if o]))
-    except (OSError, ValueError, KeyError) as err:
-        print(f"error: cannot read the results ({type(err).__name__}: {err})", file=sys.stderr)
+    except ResultError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
+    print(table(groups, args.variant, [o for o in args.order.split(",") if o]))
     return 0
 
 

@@ -1,7 +1,8 @@
 """A plain float64 implementation of the paper's Algorithm 1 (steps 3-5).
 
 Deliberately naive: one (batch, head) at a time, only the real queries and
-keys, ``exp`` and sums written out. Everything in fairseq_dnas is tested
+keys, each normalization written out (as a log-sum-exp, so that scores of any
+size stay exact). Everything in fairseq_dnas is tested
 against this.
 """
 
@@ -19,16 +20,17 @@ def reference_probs(scores, scheme, key_padding_mask=None, query_padding_mask=No
         rk = [j for j in range(t_k) if key_padding_mask is None or not key_padding_mask[b, j]]
         for h in range(heads):
             S = s[b, h][rq][:, rk]
-            E = torch.exp(S - S.max())  # a global shift cancels in every normalization
+            # In the log domain: with scores of 1e4, exp of anything underflows
+            # and a plain exp/sum would give 0/0 even in float64.
             # Step 3 (UNAS): normalize each query row over the keys.
-            p_u = E / E.sum(dim=1, keepdim=True)
+            p_u = (S - torch.logsumexp(S, dim=1, keepdim=True)).exp()
             # Step 4 (DNAS): normalize each key column over the queries, then
             # each query row over the keys; k rounds = k Sinkhorn iterations.
-            X = E
+            L = S
             for _ in range(sinkhorn_iters):
-                X = X / X.sum(dim=0, keepdim=True)
-                X = X / X.sum(dim=1, keepdim=True)
-            p_d = X
+                L = L - torch.logsumexp(L, dim=0, keepdim=True)
+                L = L - torch.logsumexp(L, dim=1, keepdim=True)
+            p_d = L.exp()
             if scheme == "unas":
                 P = p_u
             elif scheme == "dnas":

@@ -9,7 +9,8 @@
 # OUT_PREFIX.generate.log (fairseq-generate's output) and, with SCORE=1,
 # OUT_PREFIX.rouge.json. Time for the 1,951 test articles: about 1 min for
 # SIZE=small and 15 s for SIZE=tiny on 2 CPU cores; a GPU takes seconds.
-# Safe to re-run (outputs are replaced).
+# Safe to re-run (outputs are replaced; a failed run leaves no .hyp or
+# .rouge.json behind). A bad checkpoint or data file ends in one line naming it.
 #
 # Decoding settings (the paper gives none; these are the common ones for
 # Gigaword): beam 5, length penalty 1.0, no minimum length, at most 63 pieces
@@ -42,13 +43,22 @@ esac
 DEVICE="$(resolve_device "$DEVICE")"
 DEVICE_ARGS=(--cpu); [ "$DEVICE" = gpu ] && DEVICE_ARGS=(--fp16)
 mkdir -p "$(dirname "$OUT_PREFIX")"
+# Results of an earlier run must not survive a failed one and look like its own.
+rm -f "$OUT_PREFIX.hyp" "$OUT_PREFIX.rouge.json"
+SOURCES="$DATA/spm/$SUBSET.article"         # what was binarized: one hypothesis per line
+[ -s "$SOURCES" ] || die "$SOURCES: missing or empty (run prepare.sh again)"
+if [ "$SCORE" = 1 ]; then
+  [ -s "$REF" ] || die "$REF: missing or empty (run prepare.sh again)"
+  n_src="$(wc -l < "$SOURCES")"; n_ref="$(wc -l < "$REF")"
+  [ "$n_src" = "$n_ref" ] || die "$REF: $n_ref lines but $SOURCES has $n_src (truncated? run prepare.sh again)"
+fi
 
 say "decoding $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
 # --user-dir: the architectures and the checkpoint-loading fix for torch >= 2.6,
 # needed even for the plain transformer baseline.
 # --required-batch-size-multiple 1: otherwise the fairseq builds that import on
 # Python 3.11 drop the last partial batch (7 of the 1,951 test sentences).
-"$PYTHON" -m fairseq_cli.generate "$DATA/bin" \
+"$PYTHON" "$REPO/scripts/run_fairseq.py" generate "$DATA/bin" \
   --user-dir "$USER_DIR" \
   --task translation --source-lang article --target-lang title \
   --path "$CHECKPOINT" \
@@ -63,12 +73,16 @@ say "decoding $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
   --required-batch-size-multiple 1 \
   "${DEVICE_ARGS[@]}" \
   > "$OUT_PREFIX.generate.log.tmp" 2> "$OUT_PREFIX.generate.err" \
-  || { tail -20 "$OUT_PREFIX.generate.err" >&2; die "fairseq-generate failed (see $OUT_PREFIX.generate.err)"; }
+  || { rm -f "$OUT_PREFIX.generate.log.tmp"
+       # A bad checkpoint or data file: run_fairseq.py's one line says which and why.
+       last="$(tail -1 "$OUT_PREFIX.generate.err")"
+       case "$last" in "error: "*) die "${last#error: }" ;; esac
+       tail -20 "$OUT_PREFIX.generate.err" >&2; die "fairseq-generate failed (see $OUT_PREFIX.generate.err)"; }
 mv "$OUT_PREFIX.generate.log.tmp" "$OUT_PREFIX.generate.log"
 
 "$PYTHON" "$REPO/scripts/collect_hypotheses.py" \
   --generate-log "$OUT_PREFIX.generate.log" \
-  --sources "$DATA/spm/$SUBSET.article" \
+  --sources "$SOURCES" \
   --out "$OUT_PREFIX.hyp"
 
 if [ "$SCORE" = 1 ]; then

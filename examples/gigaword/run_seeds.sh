@@ -3,18 +3,33 @@
 # decoded on the test set and scored; then mean +- standard error per encoder.
 #
 #   DATA_DIR=data/gigaword SEEDS="1 2 3 4 5" bash examples/gigaword/run_seeds.sh
+#   JOBS=9 SEEDS="1 2 3" bash examples/gigaword/run_seeds.sh   # 9 runs at once
 #
 # Every train.sh / generate.sh setting (SIZE, PRESET, MAX_UPDATE, DEVICE,
 # NPROC, BEAM, ...) passes through from the environment. Time: ARCHS x SEEDS
 # training runs (see train.sh); on 2 CPU cores SIZE=small with 3000 updates is
-# about 35-45 min per run. Safe to re-run: runs with a result are skipped, an
-# interrupted training resumes from its last checkpoint.
+# about 35-45 min per run.
+#
+# JOBS=N runs N train+decode jobs at once, each logging to
+# RESULTS/<arch>/seed<N>.log. On GPUs each job gets one GPU (CUDA_VISIBLE_DEVICES),
+# the GPUs of the node taken in turn (GPUS lists them; default: all), so N may
+# exceed the GPU count when small runs share a GPU (mind its memory); on CPU
+# the cores are split between the jobs (CPU_THREADS each). JOBS=1 (default)
+# runs one job at a time, as before, NPROC processes each.
+#
+# Safe to re-run and to interrupt: runs with a result are skipped, an
+# interrupted training resumes from its last checkpoint, and Ctrl-C or a kill
+# of this script stops its running jobs. Each job holds a lock
+# (RESULTS/<arch>/seed<N>.lock), so two invocations on the same RESULTS never
+# train the same run twice: the second waits, then finds the result.
 set -euo pipefail
 
 DATA_DIR="${DATA_DIR:-data/gigaword}"       # prepare.sh's OUT_DIR
 ARCHS="${ARCHS:-transformer transformer_dnas transformer_hnas}"
 SEEDS="${SEEDS:-1 2 3 4 5}"
-RESULTS="${RESULTS:-results/gigaword}"      # RESULTS/<arch>/seed<N>.{hyp,rouge.json}, RESULTS/table.md
+JOBS="${JOBS:-1}"                           # train+decode jobs at once
+GPUS="${GPUS:-}"                            # GPU ids for JOBS > 1 (default: CUDA_VISIBLE_DEVICES, else all)
+RESULTS="${RESULTS:-results/gigaword}"      # RESULTS/<arch>/seed<N>.{hyp,rouge.json,log}, RESULTS/table.md
 CKPT_ROOT="${CKPT_ROOT:-checkpoints/gigaword}"
 CHECKPOINT_NAME="${CHECKPOINT_NAME:-checkpoint_best.pt}"  # best validation ROUGE-1 (or loss with EVAL_ROUGE=0)
 LEAD_WORDS="${LEAD_WORDS:-8}"               # add the lead-N baseline (0: no)
@@ -26,26 +41,105 @@ source "$(dirname "$0")/common.sh"
 check_python
 HERE="$(cd "$(dirname "$0")" && pwd)"
 [ -f "$DATA_DIR/bin/dict.article.txt" ] || die "no prepared data in DATA_DIR=$DATA_DIR (run prepare.sh)"
+[ "$JOBS" -ge 1 ] 2>/dev/null || die "JOBS=$JOBS: give a positive number of jobs"
 mkdir -p "$RESULTS"
 
+# One run: train (resuming), decode, score, under the run's lock.
+run_job() {
+  local arch="$1" seed="$2" out="$RESULTS/$1/seed$2"
+  local save="$CKPT_ROOT/$arch-$SIZE-$PRESET-seed$seed"
+  exec 9> "$out.lock"
+  flock 9  # another invocation on this run: wait for it, then see its result
+  if [ -f "$out.rouge.json" ]; then say "$arch seed $seed: done already ($out.rouge.json)"; return 0; fi
+  say "$arch seed $seed: training into $save"
+  $RUN_WRAPPER env DATA="$DATA_DIR/bin" ARCH="$arch" SEED="$seed" SAVE_DIR="$save" \
+    bash "$HERE/train.sh"
+  say "$arch seed $seed: decoding the test set"
+  $RUN_WRAPPER env DATA="$DATA_DIR" CHECKPOINT="$save/$CHECKPOINT_NAME" OUT_PREFIX="$out" LABEL="$arch" \
+    bash "$HERE/generate.sh"
+}
+
+TODO=()
 for seed in $SEEDS; do
   for arch in $ARCHS; do
-    out="$RESULTS/$arch/seed$seed"
-    if [ -f "$out.rouge.json" ]; then say "$arch seed $seed: done already ($out.rouge.json)"; continue; fi
-    save="$CKPT_ROOT/$arch-$SIZE-$PRESET-seed$seed"
-    say "$arch seed $seed: training into $save"
-    $RUN_WRAPPER env DATA="$DATA_DIR/bin" ARCH="$arch" SEED="$seed" SAVE_DIR="$save" \
-      bash "$HERE/train.sh"
-    say "$arch seed $seed: decoding the test set"
-    $RUN_WRAPPER env DATA="$DATA_DIR" CHECKPOINT="$save/$CHECKPOINT_NAME" OUT_PREFIX="$out" LABEL="$arch" \
-      bash "$HERE/generate.sh"
+    mkdir -p "$RESULTS/$arch"
+    if [ -f "$RESULTS/$arch/seed$seed.rouge.json" ]; then
+      say "$arch seed $seed: done already ($RESULTS/$arch/seed$seed.rouge.json)"
+    else
+      TODO+=("$arch:$seed")
+    fi
   done
 done
+
+if [ "$JOBS" = 1 ]; then
+  for job in ${TODO[@]+"${TODO[@]}"}; do
+    run_job "${job%%:*}" "${job#*:}"
+  done
+else
+  # Where each job runs: one GPU each, in turn; on CPU a share of the cores.
+  if [ "$(resolve_device "${DEVICE:-auto}")" = gpu ]; then
+    [ -n "$GPUS" ] || GPUS="${CUDA_VISIBLE_DEVICES:-$("$PYTHON" -c 'import torch; print(",".join(map(str, range(torch.cuda.device_count()))))')}"
+    IFS=', ' read -r -a GPU_LIST <<< "$GPUS"
+    export NPROC=1
+  else
+    GPU_LIST=()
+    export CPU_THREADS="${CPU_THREADS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}"
+  fi
+  # Each job in its own process group (set -m), so that stopping this script
+  # stops every process of every running job, and nothing else.
+  set -m
+  PIDS=()
+  NAMES=()
+  stop_jobs() {
+    trap - INT TERM
+    local pid
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    say "interrupted: running jobs stopped; re-run the same command to resume"
+    exit 130
+  }
+  trap stop_jobs INT TERM
+  FAILED=0
+  # Wait for one slot to free up; its job's status is collected.
+  reap() {
+    local i
+    while :; do
+      for i in "${!PIDS[@]}"; do
+        if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+          if wait "${PIDS[$i]}"; then say "${NAMES[$i]}: finished"
+          else FAILED=$((FAILED + 1)); say "${NAMES[$i]}: FAILED (see its log)"; fi
+          unset "PIDS[$i]" "NAMES[$i]"
+          return 0
+        fi
+      done
+      sleep 1
+    done
+  }
+  n=0
+  for job in ${TODO[@]+"${TODO[@]}"}; do
+    while [ "${#PIDS[@]}" -ge "$JOBS" ]; do reap; done
+    arch="${job%%:*}"; seed="${job#*:}"; log="$RESULTS/$arch/seed$seed.log"
+    if [ "${#GPU_LIST[@]}" -gt 0 ]; then
+      gpu="${GPU_LIST[$((n % ${#GPU_LIST[@]}))]}"; where="GPU $gpu"
+      ( export CUDA_VISIBLE_DEVICES="$gpu"; run_job "$arch" "$seed" ) >> "$log" 2>&1 &
+    else
+      where="CPU, $CPU_THREADS threads"
+      ( run_job "$arch" "$seed" ) >> "$log" 2>&1 &
+    fi
+    PIDS+=("$!"); NAMES+=("$arch seed $seed")
+    say "$arch seed $seed: started ($where; log: $log)"
+    n=$((n + 1))
+  done
+  while [ "${#PIDS[@]}" -gt 0 ]; do reap; done
+  set +m
+  trap - INT TERM
+  [ "$FAILED" = 0 ] || die "$FAILED of ${#TODO[@]} jobs failed (see their logs under $RESULTS); re-run to retry them"
+fi
 
 if [ "$LEAD_WORDS" -gt 0 ]; then
   mkdir -p "$RESULTS/lead$LEAD_WORDS"
   "$PYTHON" "$REPO/scripts/lead_baseline.py" --input "$DATA_DIR/raw/test.article" --words "$LEAD_WORDS" \
-    > "$RESULTS/lead$LEAD_WORDS/lead.hyp"
+    > "$RESULTS/lead$LEAD_WORDS/lead.hyp.tmp"
+  mv "$RESULTS/lead$LEAD_WORDS/lead.hyp.tmp" "$RESULTS/lead$LEAD_WORDS/lead.hyp"
   "$PYTHON" "$REPO/scripts/rouge_eval.py" --hyp "$RESULTS/lead$LEAD_WORDS/lead.hyp" \
     --ref "$DATA_DIR/raw/test.title" --label "lead-$LEAD_WORDS" \
     --json-out "$RESULTS/lead$LEAD_WORDS/lead.rouge.json" > /dev/null

@@ -107,6 +107,8 @@ PER_PROC=$((PER_WORLD / UPDATE_FREQ))
 say "$ARCH ($SIZE, preset $PRESET, seed $SEED) on $WORLD $DEVICE process(es): $PER_PROC sentences x $WORLD x update-freq $UPDATE_FREQ = $BATCH_SENTENCES per update, $MAX_UPDATE updates"
 
 ARCH_NAME="${ARCH}_gigaword"
+# fairseq-train, with a bad checkpoint or data file reported in one line.
+FAIRSEQ="$REPO/scripts/run_fairseq.py"
 ROUGE_ARGS=()
 if [ "$EVAL_ROUGE" = 1 ]; then
   ROUGE_ARGS=(--eval-rouge --eval-rouge-remove-bpe sentencepiece
@@ -144,10 +146,10 @@ if [ "$DEVICE" = gpu ]; then
   ARGS+=(--fp16)
   if [ "$WORLD" -gt 1 ]; then
     # fairseq reads torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE).
-    LAUNCH=("${TORCHRUN[@]}" -m fairseq_cli.train)
+    LAUNCH=("${TORCHRUN[@]}" "$FAIRSEQ" train)
     ARGS+=(--distributed-world-size "$WORLD")
   else
-    LAUNCH=("$PYTHON" -m fairseq_cli.train)
+    LAUNCH=("$PYTHON" "$FAIRSEQ" train)
   fi
 else
   ARGS+=(--cpu)
@@ -158,11 +160,11 @@ else
     # process's RANK from torchrun's environment; gloo is the CPU backend and
     # legacy_ddp fairseq's DDP that works on CPU modules (torch's DDP wrapper
     # is given a GPU device id by fairseq).
-    LAUNCH=("${TORCHRUN[@]}" -m fairseq_cli.train)
+    LAUNCH=("${TORCHRUN[@]}" "$FAIRSEQ" train)
     ARGS+=(--distributed-world-size "$WORLD" --distributed-init-method env:// --distributed-rank -1
            --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp)
   else
-    LAUNCH=("$PYTHON" -m fairseq_cli.train)
+    LAUNCH=("$PYTHON" "$FAIRSEQ" train)
   fi
 fi
 
@@ -174,7 +176,11 @@ if [ -f "$SAVE_DIR/checkpoint_last.pt" ]; then
 import sys
 import fairseq_dnas  # noqa: F401  (makes fairseq's checkpoints loadable with torch >= 2.6)
 from fairseq import checkpoint_utils
-state = checkpoint_utils.load_checkpoint_to_cpu(sys.argv[1])
+from fairseq_dnas.file_checks import BadFile, read_checkpoint
+try:
+    state = read_checkpoint(checkpoint_utils.load_checkpoint_to_cpu, sys.argv[1])
+except BadFile as err:
+    sys.exit(f"[train] error: {err} (move it away to restart from an earlier checkpoint)")
 print(state["optimizer_history"][-1].get("num_updates", 0))
 PY
 )"

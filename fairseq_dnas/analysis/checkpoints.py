@@ -15,10 +15,17 @@ def plugin_dir() -> str:
 
 def load_model(path: str, data: str, device: str = "cpu"):
     """(model in eval mode, cfg, task) of checkpoint ``path``, with the task's
-    data folder set to ``data`` (the dictionaries are read from there)."""
+    data folder set to ``data`` (the dictionaries are read from there).
+
+    FileNotFoundError for a missing file or folder; ``file_checks.BadFile``
+    (one line naming the file) for a truncated or corrupt checkpoint, one
+    that does not fit the data's dictionary, or a bad data file."""
     import fairseq_dnas  # noqa: F401  (fairseq checkpoint loading under torch >= 2.6)
     from fairseq import checkpoint_utils
 
+    from fairseq_dnas import file_checks
+
+    file_checks.install()  # a bad checkpoint or data file: BadFile naming it
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if not os.path.isdir(data):

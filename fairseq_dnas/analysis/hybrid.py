@@ -62,16 +62,19 @@ def _get(obj, name, default=None):
 def read_hybrid_weights(path: str) -> HybridWeights:
     """u per encoder layer and head of an HNAS checkpoint.
 
-    Raises FileNotFoundError for a missing file and NoHybridWeights for any
-    checkpoint without HNAS weights (a plain ``transformer``, a DNAS or UNAS
+    Raises FileNotFoundError for a missing file, ``file_checks.BadFile`` for a
+    truncated or corrupt one, and NoHybridWeights for any checkpoint without
+    HNAS weights (a plain ``transformer``, a DNAS or UNAS
     ``transformer_dnas``).
     """
     import fairseq_dnas  # noqa: F401  (lets fairseq load checkpoints under torch >= 2.6)
     from fairseq import checkpoint_utils
 
+    from fairseq_dnas.file_checks import read_checkpoint
+
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    state = read_checkpoint(checkpoint_utils.load_checkpoint_to_cpu, path)  # BadFile if unreadable
     model_cfg = _model_cfg(state)
     arch = str(_get(model_cfg, "arch", _get(model_cfg, "_name", "?")))
     logits = {}

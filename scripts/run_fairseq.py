@@ -1,0 +1,43 @@
+#!/usr/bin/env python
+"""Run fairseq-train or fairseq-generate, with bad input files reported in one line.
+
+    python scripts/run_fairseq.py train DATA-BIN --user-dir fairseq_dnas ...
+    python scripts/run_fairseq.py generate DATA-BIN --path checkpoint_best.pt ...
+
+Exactly fairseq's own ``fairseq-train`` / ``fairseq-generate`` (the same
+arguments), except that a truncated or corrupt checkpoint, a checkpoint of
+another architecture, or an empty or truncated data file ends the run with
+``error: <file>: <what is wrong>`` and exit status 1 instead of a traceback
+(``fairseq_dnas/file_checks.py``). The Gigaword recipe runs fairseq through
+this script, also under torchrun.
+"""
+
+import sys
+
+TOOLS = ("train", "generate")
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
+        print(f"usage: run_fairseq.py {{{','.join(TOOLS)}}} [fairseq arguments]", file=sys.stderr)
+        return 2
+    tool = sys.argv.pop(1)
+    sys.argv[0] = f"fairseq-{tool}"
+    import fairseq_dnas  # noqa: F401  (checkpoint loading under torch >= 2.6, atomic copies)
+    from fairseq_dnas import file_checks
+
+    file_checks.install()
+    if tool == "train":
+        from fairseq_cli.train import cli_main
+    else:
+        from fairseq_cli.generate import cli_main
+    try:
+        cli_main()
+    except file_checks.BadFile as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
