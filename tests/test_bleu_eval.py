@@ -62,4 +62,4 @@ def test_line_count_mismatch_is_refused_and_writes_nothing(tmp_path):
     assert not out.exists() and not (tmp_path / "out.json.tmp").exists()
     empty = _write(tmp_path / "e", [])
     proc = _run("--hyp", empty, "--ref", _write(tmp_path / "e2", []))
-    assert proc.returncode == 1 and "is empty" in proc.stderr
+    assert proc.returncode == 1 and "empty, no hypothesis" in proc.stderr
