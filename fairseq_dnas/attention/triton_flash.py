@@ -147,6 +147,21 @@ def _keep_t(seed, bh, offs_n, offs_m, TQ, TK, p_drop):
 
 
 @triton.jit
+def _online_softmax_step(m, l, acc, s, v, keep, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of an online softmax (FlashAttention): running row max m,
+    row sum l of exp(s - m) (dropout does not change the normalizer) and
+    accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    l = l * alpha + tl.sum(p, 1)
+    if DROPOUT:
+        p = tl.where(keep, p, 0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
 def _column_lse_kernel(
     Q, K, C, QPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
@@ -211,27 +226,13 @@ def _forward_kernel(
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
         s = tl.where(real_k[None, :], s, float("-inf"))  # padded keys: weight 0
+        keep = None
         if DROPOUT:
             keep = _keep(seed, bh, offs_m, offs_n, TQ, TK, p_drop)
-        # DNAS: online softmax of s - c (step 4 as a key bias).
-        s_d = s - c[None, :]
-        m_new = tl.maximum(m_d, tl.max(s_d, 1))
-        p = tl.exp(s_d - m_new[:, None])
-        alpha = tl.exp(m_d - m_new)
-        l_d = l_d * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            p = tl.where(keep, p, 0.0)
-        acc_d = acc_d * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_d = m_new
-        if HYBRID:  # UNAS: online softmax of s (step 3)
-            m_new = tl.maximum(m_u, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_u - m_new)
-            l_u = l_u * alpha + tl.sum(p, 1)
-            if DROPOUT:
-                p = tl.where(keep, p, 0.0)
-            acc_u = acc_u * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_u = m_new
+        # DNAS: softmax of s - c (step 4 as a key bias).
+        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, keep, DROPOUT, PRECISION)
+        if HYBRID:  # UNAS: softmax of the same scores (step 3)
+            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s, v, keep, DROPOUT, PRECISION)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     scale = 1.0 / (1.0 - p_drop) if DROPOUT else 1.0
