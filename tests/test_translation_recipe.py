@@ -5,6 +5,7 @@ prepare -> train -> generate -> sacreBLEU) with a BLEU floor."""
 import json
 import os
 import random
+import re
 import subprocess
 
 import pytest
@@ -14,15 +15,16 @@ from helpers import ROOT
 RECIPE = os.path.join(ROOT, "examples", "translation")
 
 # BLEU floor for the CI chain (quickstart.sh with its defaults: all 29,000
-# training pairs, tiny HNAS model, 250 updates of 2,048 tokens, beam 5 on the
-# first 500 test2016 pairs). Calibrated on this machine (2 CPU cores,
-# 2026-11-23), sacreBLEU on those 500 pairs [bootstrap 95% interval]:
-#   untrained model (1 update at lr 1e-9)           BLEU  0.00, chrF  2.4
-#   the quickstart translations shifted by one line BLEU  0.8,  chrF 17.3
-#   the quickstart model (250 updates)              BLEU 13.6 [12.5, 14.8], chrF 38.0
-# A broken pipeline (misaligned or missing output, a model that did not
-# train) stays far below; the floor leaves room for run-to-run noise.
-BLEU_FLOOR = 8.0
+# training pairs, tiny HNAS model, 200 updates of 2,048 tokens, beam 5 on the
+# first 200 test2016 pairs). Calibrated on this machine (2 CPU cores,
+# 2026-11-23), sacreBLEU on those 200 pairs [bootstrap 95% interval]:
+#   untrained model (1 update at lr 1e-9)           BLEU  0.00, chrF  3.6
+#   the quickstart translations shifted by one line BLEU  0.44, chrF 13.6
+#   the quickstart model (200 updates)              BLEU 11.36 [9.43, 13.38], chrF 26.4
+# (on the first 500 pairs: 0.00 / 0.46 / 10.85 [9.57, 12.17]). A broken
+# pipeline (misaligned or missing output, a model that did not train) stays
+# far below; the floor leaves about 6 points for run-to-run noise.
+BLEU_FLOOR = 5.0
 
 
 def _sentence(rng, words, n):
@@ -120,11 +122,12 @@ def test_quickstart_chain_on_real_multi30k_reaches_the_bleu_floor(multi30k_dir, 
                                "DEVICE": "cpu"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     hyps = _lines(tmp_path / "results/transformer_hnas.hyp")
-    assert len(hyps) == 500 and sum(1 for h in hyps if h.strip()) >= 495
+    assert len(hyps) == 200 and sum(1 for h in hyps if h.strip()) >= 198
     assert proc.stdout.count("translation: ") == 3 and "BLEU" in proc.stdout
     with open(tmp_path / "results/transformer_hnas.bleu.json") as f:
         result = json.load(f)
-    assert result["sentences"] == 500 and result["bleu"]["signature"].startswith("nrefs:1|")
+    assert result["sentences"] == 200 and result["bleu"]["signature"].startswith("nrefs:1|")
     assert result["bleu"]["score"] >= BLEU_FLOOR, result["bleu"]
-    # Validation BLEU ran during training and chose the checkpoint.
-    assert "best_bleu" in (tmp_path / "checkpoints/transformer_hnas/train.log").read_text()
+    # Validation BLEU (--eval-bleu) ran during training; it picks checkpoint_best.pt.
+    log = (tmp_path / "checkpoints/transformer_hnas/train.log").read_text()
+    assert re.search(r"valid on 'valid' subset \| .*\| bleu \d+\.\d+", log), log[-2000:]

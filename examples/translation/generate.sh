@@ -10,8 +10,8 @@
 # (Multi30k: test = test2016, test1 = test2017; see DATA/test_sets.txt), or valid.
 # Writes OUT_PREFIX.hyp (one translation a line, aligned with the source),
 # OUT_PREFIX.generate.log and, with SCORE=1, OUT_PREFIX.bleu.json. Time for
-# 1,000 Multi30k sentences: about 20 s for SIZE=tiny, 40 s for SIZE=small on
-# 2 CPU cores. Safe to re-run (outputs are replaced).
+# 1,000 Multi30k sentences with SIZE=tiny: 56-130 s on one thread of a 2-core
+# machine shared with other jobs. Safe to re-run (outputs are replaced).
 set -euo pipefail
 
 DATA="${DATA:-data/multi30k}"              # prepare.sh's OUT_DIR (bin/, spm/, text/)

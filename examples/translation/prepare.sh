@@ -44,7 +44,7 @@ for prefix in "$TRAIN_PREFIX" "$VALID_PREFIX" $TEST_PREFIXES; do
     [ -f "$prefix.$lang" ] || die "missing file: $prefix.$lang"
   done
 done
-check_python
+[ -n "$PYTHON" ] && [ -x "$PYTHON" ] || die "no Python found; run 'bash scripts/install.sh' or set PYTHON"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
@@ -56,6 +56,7 @@ if [ -f "$OUT/settings.txt" ]; then
   now:    $SETTINGS
 Use another OUT_DIR, or delete $OUT to start over."
 fi
+echo "$SETTINGS" > "$OUT/settings.txt"
 
 # 1. Check and copy each pair of files (test sets whole: their target side is
 #    the reference). fairseq names the test sets test, test1, test2, ...
@@ -78,12 +79,13 @@ for k in "${!SPLITS[@]}"; do
   "$PYTHON" "$REPO/scripts/parallel_text.py" --pair "${PREFIXES[$k]}.$SRC" "${PREFIXES[$k]}.$TGT" \
     --src "$SRC" --tgt "$TGT" --out-prefix "$OUT/text/$split" "${ARGS[@]}"
 done
-echo "$SETTINGS" > "$OUT/settings.txt"
 for k in "${!SPLITS[@]}"; do
   case "${SPLITS[$k]}" in test*) echo "${SPLITS[$k]} ${PREFIXES[$k]}" ;; esac
 done > "$OUT/test_sets.txt"
 
-# 2. One SentencePiece model for both languages (shared embeddings).
+# 2. One SentencePiece model for both languages (shared embeddings). Step 1
+#    needs only Python; from here on fairseq and sentencepiece.
+check_python
 if [ -f "$OUT/spm/sentencepiece.model" ]; then say "2/4 SentencePiece model: done already"; else
   say "2/4 training SentencePiece ($SPM_TYPE, $VOCAB_SIZE pieces, $SRC + $TGT)"
   "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" train \

@@ -6,13 +6,16 @@
 #
 # Flags after the script name go to fairseq-train last (they override these).
 # SIZE=small (default): 3 encoder + 3 decoder layers, width 256, 4 heads, FFN
-# 1024, all embeddings shared (9.1M parameters with an 8k joint vocabulary).
-# Multi30k's 29k short caption pairs overfit fairseq's base model (60M+);
-# published small-data recipes use 3-6 layers of width 256-512, and 3 x 256 is
-# the largest that trains in minutes on a CPU. SIZE=tiny (2 + 2, width 128)
-# is for smoke tests. Hardware and time (2 CPU cores shared, one thread):
-# SIZE=small about 0.5 s (UNAS) to 0.6 s (DNAS/HNAS) per update of 2,048
-# tokens; a GPU: NPROC GPUs, the effective batch stays BATCH_TOKENS.
+# 1024, all embeddings shared (7.6M parameters with an 8k joint vocabulary;
+# SIZE=tiny 1.9M).
+# Multi30k's 29k short caption pairs are little data for fairseq's base model
+# (6 + 6 layers, width 512); small-data recipes commonly use 3-6 layers of
+# width 256-512 (not compared here), and 3 x 256 keeps a CPU run affordable.
+# SIZE=tiny (2 + 2, width 128) is for smoke tests and the CPU table. Hardware and time, measured with one thread per run and
+# two runs sharing 2 CPU cores: about 1.2 s (SIZE=small) and 0.8 s
+# (SIZE=tiny) per update of 2,048 tokens, UNAS and HNAS alike; slower when
+# the machine is busier. GPUs: NPROC of them, the effective batch stays
+# BATCH_TOKENS (not timed here).
 # Safe to re-run: fairseq resumes from SAVE_DIR/checkpoint_last.pt.
 set -euo pipefail
 
