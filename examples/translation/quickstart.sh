@@ -8,8 +8,8 @@
 # HNAS model, MAX_UPDATE updates of 2,048 tokens, validation BLEU at the end)
 # -> generate.sh (beam 5 on the first 200 test2016 sentences) ->
 # bleu_eval.py. Prints a few sentences with reference and translation, then
-# BLEU and chrF. Time: about 600 CPU-seconds (2 threads; training is 90% of
-# it); measured 27 min wall on a 2-core machine shared with other jobs.
+# BLEU and chrF. Time on 2 CPU cores: 102 s (CI's test of it, load about 1.5);
+# 27 min when the cores were shared with other jobs (load 7-9).
 # Expect BLEU about 11 (a smoke run, not a result; see README.md).
 # Safe to re-run: finished steps are skipped.
 set -euo pipefail
