@@ -14,7 +14,7 @@ from helpers import ROOT
 
 RUN_SEEDS = os.path.join(ROOT, "examples", "gigaword", "run_seeds.sh")
 ARCHS = ("transformer_dnas", "transformer_hnas")
-TINY = {"SIZE": "tiny", "DEVICE": "cpu", "BATCH_SENTENCES": "32", "MAX_UPDATE": "6", "LR": "1e-3",
+TINY = {"SIZE": "tiny", "DEVICE": "cpu", "BATCH_SENTENCES": "32", "MAX_UPDATE": "40", "LR": "1e-3",
         "WARMUP_UPDATES": "2", "VALIDATE_INTERVAL_UPDATES": "3", "EVAL_ROUGE": "0", "LOG_INTERVAL": "1",
         "BEAM": "2", "LEAD_WORDS": "3", "JOBS": "2", "SEEDS": "1", "ARCHS": " ".join(ARCHS)}
 
@@ -42,7 +42,9 @@ def test_two_jobs_at_once_stopped_and_resumed(setup):
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen(["bash", RUN_SEEDS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    # Stop the whole run once one job has written a checkpoint.
+    # Stop the whole run once one job has written a checkpoint (the first comes
+    # at update 3 of 40, so both jobs are still training when it is stopped,
+    # however fast the machine).
     deadline = time.time() + 300
     while not list(ckpt.glob("*/checkpoint_last.pt")):
         assert proc.poll() is None, proc.communicate()
