@@ -326,7 +326,7 @@ def test_fairseq_module_on_the_triton_path(scheme, left_pad, monkeypatch):
     ref = reference_self_attention(m.cpu(), x.cpu(), mask.cpu())
     m.to(DEVICE)
     torch.testing.assert_close(out.double().cpu()[real.cpu()], ref[real.cpu()], atol=1e-5, rtol=0)
-    probs = reference_probs(*_module_scores(m, x, mask), scheme, mask.cpu(), mask.cpu(),
+    probs = reference_probs(_module_scores(m, x), scheme, mask.cpu(), mask.cpu(),
                             None if m.hybrid_weight is None else m.hybrid_weight.detach().double().cpu())
     torch.testing.assert_close(weights.double().cpu(), probs.mean(dim=1), atol=1e-6, rtol=0)
     out[real].pow(2).sum().backward()
@@ -339,7 +339,8 @@ def test_fairseq_module_on_the_triton_path(scheme, left_pad, monkeypatch):
         torch.testing.assert_close(grads[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
-def _module_scores(m, x, mask):
+def _module_scores(m, x):
+    """float64 scores q . k of the module's own projections, (B, H, T, T)."""
     t, b, c = x.shape
     h, d = m.num_heads, m.head_dim
     xd = x.detach().double().cpu()
@@ -349,7 +350,7 @@ def _module_scores(m, x, mask):
 
     q = (proj(m.q_proj) * m.scaling).view(t, b, h, d).permute(1, 2, 0, 3)
     k = proj(m.k_proj).view(t, b, h, d).permute(1, 2, 0, 3)
-    return (q @ k.transpose(-1, -2),)
+    return q @ k.transpose(-1, -2)
 
 
 def test_module_dropout_follows_fairseq_training_rules(monkeypatch):
