@@ -397,8 +397,12 @@ def module_section(args, dim, heads):
         batch, mask = module_batch(length, args.tokens)
         cases = ["unas", "dnas", "hnas", "sinkhorn3"]
         avail = available_bytes()
-        # Sinkhorn > 1 has no fused path: autograd keeps about a dozen T x T tensors.
-        if avail and 12 * materialized_bytes(batch, heads, length) > args.sinkhorn_memory_fraction * avail:
+        # A stand-in for the modules' per-head queries: which path each case takes.
+        q = torch.empty(batch, heads, length, dim // heads, device=DEVICE, dtype=dtype)
+        sinkhorn_path = kernels.choose_path(q, sinkhorn_iters=3, dropout=dropout > 0)
+        # Sinkhorn > 1 off the triton path is materialized: autograd keeps about a dozen T x T tensors.
+        if (sinkhorn_path == "materialized" and avail
+                and 12 * materialized_bytes(batch, heads, length) > args.sinkhorn_memory_fraction * avail):
             cases.remove("sinkhorn3")
             rows.append({"length": length, "batch": batch, "dropout": dropout, "dtype": dtype_name,
                          "case": "sinkhorn3", "skipped": "its T x T tensors would not fit in memory"})
@@ -419,7 +423,6 @@ def module_section(args, dim, heads):
                    "foreign_cpu": load.foreign_fraction}
             if name != "fairseq":
                 m = mods[name]
-                q = torch.empty(batch, heads, length, dim // heads, device=DEVICE, dtype=dtype)
                 row["path"] = "fairseq" if m.scheme == "unas" else kernels.choose_path(
                     q, sinkhorn_iters=m.sinkhorn_iters, dropout=kernels.dropout_active(m.dropout_module))
                 if m.scheme != "unas" and dropout == 0.0:

@@ -10,7 +10,7 @@ Paths (all compute the same function; ``tests/test_kernels.py`` checks each
 against the float64 reference, forward and gradients):
 
 - ``materialized``: autograd through ``functional`` (the readable reference;
-  the only path for ``sinkhorn_iters > 1``).
+  with ``triton``, the only path for ``sinkhorn_iters > 1``).
 - ``dense``: (B, H, T, T) probabilities with a hand-written backward
   (``dense.py``); supports attention dropout and ``need_weights``.
 - ``flash``: no T x T matrix; PyTorch's CPU flash-attention kernels with the
@@ -22,13 +22,14 @@ against the float64 reference, forward and gradients):
 - ``triton``: Triton kernels (``triton_flash.py``), no T x T matrix forward
   or backward, attention dropout inside the kernel; CUDA tensors (CPU tensors
   only under Triton's interpreter, ``TRITON_INTERPRET=1``, for tests);
-  float16/bfloat16/float32, head size <= 128. ``need_weights`` is served by a
-  separate dense computation of the (pre-dropout) probabilities, outside
-  autograd.
+  float16/bfloat16/float32, head size <= 128, any ``sinkhorn_iters``
+  (``triton_sinkhorn.py``). ``need_weights`` is served by a separate
+  computation of the (pre-dropout) probabilities, outside autograd.
 - ``auto`` (default): on CUDA ``triton`` wherever it applies (any length,
   with or without dropout; ``dense`` when the weights are asked for); on CPU
   ``dense`` for short sequences, attention dropout and ``need_weights``,
-  ``fused`` for long sequences; ``materialized`` for Sinkhorn iterations > 1.
+  ``fused`` for long sequences. Sinkhorn iterations > 1: ``triton`` on CUDA,
+  else ``materialized``.
 
 'unas' always runs ``materialized`` here: the fairseq module never calls
 ``attend`` for it (it hands UNAS to fairseq's own attention).
@@ -153,24 +154,24 @@ def choose_path(
         return requested
     needs_probs = need_weights or dropout
     if requested == "auto":
-        if sinkhorn_iters > 1:
-            return "materialized"
         if q.device.type == "cuda" and not need_weights and triton_problem(q) is None:
             return "triton"
+        if sinkhorn_iters > 1:
+            return "materialized"
         if needs_probs or q.shape[-2] <= DENSE_MAX_LEN:
             return "dense"
         requested = "fused"
-    if sinkhorn_iters > 1:
-        raise ValueError(
-            f"attention path {requested!r} runs one normalization round (the paper's DNAS); "
-            f"sinkhorn_iters={sinkhorn_iters} needs path 'materialized' or 'auto'"
-        )
-    if requested == "dense":
-        return requested
     if requested == "triton":
         problem = triton_problem(q)
         if problem is not None:
             raise ValueError(f"attention path 'triton' cannot run here: {problem}. Use 'auto'")
+        return requested
+    if sinkhorn_iters > 1:
+        raise ValueError(
+            f"attention path {requested!r} runs one normalization round (the paper's DNAS); "
+            f"sinkhorn_iters={sinkhorn_iters} needs path 'materialized', 'triton' or 'auto'"
+        )
+    if requested == "dense":
         return requested
     if needs_probs:
         what = "attention dropout" if dropout else "need_weights"
@@ -237,7 +238,7 @@ def attend(
         # only reached by direct callers (tests, benchmarks): the reference math.
         chosen = "materialized"
     if chosen == "triton":
-        return _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights)
+        return _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters)
     if chosen in ("flash", "blockwise"):
         prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
         if scheme == "dnas":
@@ -256,7 +257,7 @@ def attend(
     return out, (probs if need_weights else None)
 
 
-def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights):
+def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters=1):
     from fairseq_dnas.attention import triton_flash  # imports triton: only when chosen
 
     p = dropout_p(dropout)
@@ -271,9 +272,14 @@ def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weig
         key_padding_mask=pad,
         query_padding_mask=qpad,
         dropout_p=p,
+        sinkhorn_iters=sinkhorn_iters,
     )
     weights = None
     if need_weights:  # the pre-dropout probabilities, as fairseq returns them
         with torch.no_grad():
-            weights = dense_probs(q, k, scheme, pad, qpad, hybrid_weight)
+            if sinkhorn_iters == 1:
+                weights = dense_probs(q, k, scheme, pad, qpad, hybrid_weight)
+            else:
+                scores = torch.matmul(q, k.transpose(-1, -2))
+                weights = materialized_probs(scores, scheme, pad, hybrid_weight, sinkhorn_iters, qpad)
     return out, weights

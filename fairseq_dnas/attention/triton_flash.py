@@ -54,9 +54,14 @@ for HNAS, O_D in the input dtype (so that its D_i needs no extra pass).
 Padding: one mask for keys and one for queries (the same tensor for
 self-attention). Padded keys get probability 0; padded queries are left out
 of c and their output rows are 0 (their dO is ignored). Scores and every
-reduction are float32 (``tl.dot`` accumulates in float32; float32 inputs use
-``input_precision="ieee"``, no TF32), probabilities are cast to the dtype of
-v before the products with v, as fairseq does.
+reduction are float32 (``tl.dot`` accumulates in float32; float32 inputs are
+multiplied exactly, ``input_precision="ieee"``, unless torch's own float32
+matmuls use TF32: ``_precision``), probabilities are cast to the dtype of v
+before the products with v, as fairseq does.
+
+Sinkhorn iterations (``sinkhorn_iters`` > 1): ``triton_sinkhorn.py`` computes
+the earlier normalizers with the column pass above (``lse_pass``) and the
+gradient through them; these kernels take the last ones as c and xi's row bias.
 """
 
 import os
@@ -73,26 +78,36 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 
-# Tiles per kernel: (BLOCK_M queries, BLOCK_N keys, warps), by head size.
-# Chosen, without a GPU to time them, as the largest tiles that compile for
-# sm_90 without register spills (ptxas -v on Triton 3.9's output, every
-# HYBRID x DROPOUT variant, fp16): the backward kv kernel holds three
-# (BLOCK_N, D) float32 accumulators, the Philox draws of dropout need
-# registers of their own. scripts/benchmark.py --device cuda measures them.
+# Tiles per kernel: (BLOCK_M queries, BLOCK_N keys, warps), by input kind
+# (half: float16/bfloat16; float32, whose exact products take far more
+# registers) and head size. Chosen, without a GPU to time them, as the
+# largest tiles that compile for sm_90 without register spills in any
+# variant (HYBRID x DROPOUT x SINKHORN x HAS_BIAS, STAGES pipeline stages):
+# scripts/triton_spills.py prints the table (Triton 3.9: 156 variants, 0
+# bytes spilled). The backward kv kernel holds three (BLOCK_N, D) float32
+# accumulators, the Philox draws of dropout need registers of their own.
+# scripts/benchmark.py --device cuda times them.
 # Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
 # sequences span several blocks and ragged tails.
 GPU_TILES = {
-    64: dict(column=(64, 64, 4), forward=(64, 32, 4), backward_kv=(32, 64, 8), backward_q=(64, 32, 4)),
-    128: dict(column=(64, 64, 4), forward=(64, 32, 4), backward_kv=(32, 32, 4), backward_q=(32, 64, 4)),
+    ("half", 64): dict(column=(64, 64, 4), forward=(64, 32, 4), backward_kv=(64, 32, 8),
+                       backward_q=(64, 32, 4), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
+    ("half", 128): dict(column=(64, 64, 4), forward=(64, 32, 8), backward_kv=(32, 32, 8),
+                        backward_q=(32, 64, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(32, 64, 4)),
+    ("float32", 64): dict(column=(64, 32, 4), forward=(64, 16, 8), backward_kv=(32, 32, 8),
+                          backward_q=(64, 32, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
+    ("float32", 128): dict(column=(32, 32, 8), forward=(16, 16, 4), backward_kv=(16, 16, 8),
+                           backward_q=(64, 16, 8), sinkhorn_reduce=(64, 32, 4), sinkhorn_ds=(32, 64, 4)),
 }
-INTERPRETER_TILES = dict.fromkeys(("column", "forward", "backward_kv", "backward_q"), (16, 16, 1))
+INTERPRETER_TILES = dict.fromkeys(GPU_TILES["half", 64], (16, 16, 1))
 STAGES = 2
 
 
-def _tiles(kernel: str, d: int):
+def _tiles(kernel: str, d: int, dtype: torch.dtype):
     if INTERPRETED:
         return INTERPRETER_TILES[kernel]
-    return GPU_TILES[64 if d <= 64 else 128][kernel]
+    kind = "float32" if dtype == torch.float32 else "half"
+    return GPU_TILES[kind, 64 if d <= 64 else 128][kernel]
 
 
 NEG_INIT = tl.constexpr(-1.0e30)  # start of running maxima: finite, so NEG_INIT - NEG_INIT = 0, never NaN
@@ -163,15 +178,19 @@ def _online_softmax_step(m, l, acc, s, v, keep, DROPOUT: tl.constexpr, PRECISION
 
 @triton.jit
 def _column_lse_kernel(
-    Q, K, C, QPAD,
+    Q, K, C, BIAS, QPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
     H, TQ, TK, D,
-    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """c[j] = logsumexp over real queries i of s[i, j] (Algorithm 1, step 4's
     column normalizer); 0 for a key no real query sees. Computed as the row
-    lse of the transposed scores K Q^T, so the reduction runs along axis 1."""
+    lse of the transposed scores K Q^T, so the reduction runs along axis 1.
+
+    With HAS_BIAS, c[j] = logsumexp_i (s[i, j] - BIAS[i]); called with the
+    roles of Q and K exchanged it gives row normalizers. Sinkhorn iterations
+    (``triton_sinkhorn.py``) are made of such passes."""
     pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = b * H + h
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -184,6 +203,8 @@ def _column_lse_kernel(
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M): s[i, j] transposed
+        if HAS_BIAS:
+            s_t -= tl.load(BIAS + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)[None, :]
         s_t = tl.where(real_q[None, :], s_t, float("-inf"))  # padded queries stay out of c
         m_new = tl.maximum(m, tl.max(s_t, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s_t - m_new[:, None]), 1)
@@ -286,15 +307,18 @@ def _backward_preprocess_kernel(
 
 @triton.jit
 def _backward_kv_kernel(
-    Q, K, V, C, U, SEED, DO, RD, RU, ED, EU, DK, DV, DC, DU, QPAD, KPAD,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DK, DV, DC, DU, QPAD, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
     H, TQ, TK, D, p_drop,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, SINKHORN: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk, dv, dc (and this block's share of dL/du) for one key block; every
-    tile is held transposed, (keys, queries)."""
+    tile is held transposed, (keys, queries). With SINKHORN, c is the last
+    column normalizer a_n and XB the row normalizer b_{n-1} before it, so
+    that xi = exp(s - b_{n-1} - c) (``triton_sinkhorn.py``)."""
     pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = b * H + h
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -331,7 +355,11 @@ def _backward_kv_kernel(
             g = tl.where(keep, g * scale, 0.0)  # G = Z' (dO V^T)
         t = p_d * (u * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
-        xi = p_d * tl.exp(r_d)[None, :]  # column softmax exp(s - c) = d c[j] / d s[i, j]
+        if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
+            r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        else:
+            r_x = r_d
+        xi = p_d * tl.exp(r_x)[None, :]  # column softmax exp(s - c) = d c[j] / d s[i, j]
         dk_x += tl.dot(xi.to(q.dtype), q, input_precision=PRECISION)
         if HYBRID:
             r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
@@ -356,11 +384,12 @@ def _backward_kv_kernel(
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, C, U, SEED, DO, RD, RU, ED, EU, DC, DQ, QPAD, KPAD,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, QPAD, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
     H, TQ, TK, D, p_drop,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, SINKHORN: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dq_i = sum_j ds[i, j] k_j for one query block, with dc from the kv pass."""
@@ -373,7 +402,10 @@ def _backward_q_kernel(
     do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
     r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    exp_r = tl.exp(r_d)
+    if SINKHORN:  # xi = exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
+        exp_r = tl.exp(r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0))
+    else:
+        exp_r = tl.exp(r_d)
     if HYBRID:
         u = tl.load(U + h)
         r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
@@ -423,8 +455,14 @@ def _pad_arg(pad: Optional[Tensor], like: Tensor) -> Tensor:
 
 
 def _precision(dtype: torch.dtype) -> str:
-    # float32 inputs: exact float32 products (TF32 would miss the 1e-5 target).
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """How tl.dot multiplies float32 inputs: as torch's own float32 matmuls do.
+    torch's default is exact float32 ("ieee", which the 1e-5 target needs);
+    torch.backends.cuda.matmul.allow_tf32 = True (or
+    torch.set_float32_matmul_precision("high")) turns TF32 on for both.
+    Half-precision inputs ignore it."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
 
 
 def _block_d(d: int) -> int:
@@ -438,34 +476,57 @@ def _output_buffer(q: Tensor, dtype: torch.dtype) -> Tensor:
     return q.new_empty((t, b, h, d), dtype=dtype).permute(1, 2, 0, 3)
 
 
-def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
+def lse_pass(rows: Tensor, over: Tensor, over_pad: Optional[Tensor], out: Tensor,
+             bias: Optional[Tensor] = None) -> Tensor:
+    """out[b, h, a] = logsumexp over the real n of (rows_a . over_n - bias[b, h, n])
+    (0 where no n is real): ``_column_lse_kernel`` with rows = K, over = Q gives
+    DNAS's c; with rows = Q, over = K a row normalizer. ``over_pad`` is the
+    uint8 mask of ``_pad_arg`` or None; ``out`` a contiguous float32 (B, H, T_rows)."""
+    bsz, heads, t_rows, d = rows.shape
+    t_over = over.shape[2]
+    bm, bn, warps = _tiles("column", d, rows.dtype)
+    _column_lse_kernel[(triton.cdiv(t_rows, bn), heads, bsz)](
+        over, rows, out, out if bias is None else bias, _pad_arg(None, rows) if over_pad is None else over_pad,
+        *_strides(over), *_strides(rows), heads, t_over, t_rows, d,
+        HAS_PAD=over_pad is not None, HAS_BIAS=bias is not None, PRECISION=_precision(rows.dtype),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=STAGES,
+    )
+    return out
+
+
+def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
+    """Output, HNAS's O_D, the key bias c (DNAS: the column normalizer; with
+    Sinkhorn iterations the last one, a_n), row lse's r_d (r_u) and, with
+    Sinkhorn iterations, the normalizer stacks (a, b) of triton_sinkhorn."""
     bsz, heads, tq, d = q.shape
     tk = k.shape[2]
     f32 = dict(dtype=torch.float32, device=q.device)
     hybrid, dropout, has_pad = u is not None, p_drop > 0, kpad is not None
-    c = torch.empty((bsz, heads, tk), **f32)
     r_d = torch.empty((bsz, heads, tq), **f32)
     r_u = torch.empty((bsz, heads, tq), **f32) if hybrid else r_d
     out = _output_buffer(q, v.dtype)
     o_d = _output_buffer(q, v.dtype) if hybrid else out
     qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
     meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), BLOCK_D=_block_d(d), num_stages=STAGES)
-    bm, bn, warps = _tiles("column", d)
-    _column_lse_kernel[(triton.cdiv(tk, bn), heads, bsz)](
-        q, k, c, qpad_arg, *_strides(q), *_strides(k), heads, tq, tk, d,
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **meta,
-    )
-    bm, bn, warps = _tiles("forward", d)
+    if sinkhorn_iters == 1:
+        c = lse_pass(k, q, qpad_arg if has_pad else None, torch.empty((bsz, heads, tk), **f32))
+        normalizers = None
+    else:
+        from fairseq_dnas.attention import triton_sinkhorn  # imports this module: not at the top
+
+        normalizers = triton_sinkhorn.normalizers(q, k, qpad_arg, kpad_arg, has_pad, sinkhorn_iters)
+        c = normalizers[0][-1]
+    bm, bn, warps = _tiles("forward", d, q.dtype)
     _forward_kernel[(triton.cdiv(tq, bm), heads, bsz)](
         q, k, v, c, u if hybrid else c, seed, out, o_d, r_d, r_u, qpad_arg, kpad_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         heads, tq, tk, d, float(p_drop),
         HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **meta,
     )
-    return out, o_d, c, r_d, r_u
+    return out, o_d, c, r_d, r_u, normalizers
 
 
-def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u):
+def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers=None):
     bsz, heads, tq, d = q.shape
     tk = k.shape[2]
     hybrid, dropout, has_pad = u is not None, p_drop > 0, kpad is not None
@@ -473,53 +534,64 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u):
     e_d = torch.empty((bsz, heads, tq), **f32)
     e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
     dc = torch.empty((bsz, heads, tk), **f32)
-    kv_m, kv_n, kv_warps = _tiles("backward_kv", d)
+    kv_m, kv_n, kv_warps = _tiles("backward_kv", d, q.dtype)
     n_kblocks = triton.cdiv(tk, kv_n)
     du_part = torch.empty((bsz, heads, n_kblocks), **f32) if hybrid else dc
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
     u_arg = u if hybrid else c
+    sinkhorn = normalizers is not None
+    x_b = normalizers[1][-1] if sinkhorn else c  # b_{n-1}, the row bias of xi_n
     meta = dict(HAS_PAD=has_pad, BLOCK_D=_block_d(d), num_stages=STAGES)
-    flags = dict(HYBRID=hybrid, DROPOUT=dropout, PRECISION=_precision(q.dtype), **meta)
-    bm, _, warps = _tiles("forward", d)
+    flags = dict(HYBRID=hybrid, DROPOUT=dropout, SINKHORN=sinkhorn, PRECISION=_precision(q.dtype), **meta)
+    bm, _, warps = _tiles("forward", d, q.dtype)
     _backward_preprocess_kernel[(triton.cdiv(tq, bm), heads, bsz)](
         out, o_d, do, u_arg, e_d, e_u, qpad_arg, *_strides(out), *_strides(do), heads, tq, d,
         HYBRID=hybrid, BLOCK_M=bm, num_warps=warps, **meta,
     )
     _backward_kv_kernel[(n_kblocks, heads, bsz)](
-        q, k, v, c, u_arg, seed, do, r_d, r_u, e_d, e_u, dk, dv, dc, du_part, qpad_arg, kpad_arg,
+        q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dk, dv, dc, du_part, qpad_arg, kpad_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), heads, tq, tk, d, float(p_drop),
         BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, **flags,
     )
-    bm, bn, warps = _tiles("backward_q", d)
+    bm, bn, warps = _tiles("backward_q", d, q.dtype)
     _backward_q_kernel[(triton.cdiv(tq, bm), heads, bsz)](
-        q, k, v, c, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, qpad_arg, kpad_arg,
+        q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, qpad_arg, kpad_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), heads, tq, tk, d, float(p_drop),
         BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **flags,
     )
+    if sinkhorn:  # the chain through the earlier normalizers, added into dq and dk
+        from fairseq_dnas.attention import triton_sinkhorn
+
+        triton_sinkhorn.backward_through_normalizers(
+            q, k, qpad_arg, kpad_arg, has_pad, *normalizers, dc, dq, dk)
     du = du_part.sum(dim=(0, 2)) if hybrid else None
     return dq, dk, dv, du
 
 
 class TritonAttention(torch.autograd.Function):
-    """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D); pi is DNAS, or
-    HNAS when u (H,) is given; padded query rows give 0."""
+    """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D); pi is DNAS
+    (``sinkhorn_iters`` rounds), or HNAS when u (H,) is given; padded query
+    rows give 0."""
 
     @staticmethod
-    def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
+    def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters=1):
         u32 = None if u is None else u.detach().float().contiguous()
-        out, o_d, c, r_d, r_u = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
+        out, o_d, c, r_d, r_u, normalizers = _forward(q, k, v, u32, kpad, qpad, p_drop, seed, sinkhorn_iters)
         ctx.p_drop = p_drop
         ctx.u_dtype = None if u is None else u.dtype
-        ctx.save_for_backward(q, k, v, u32, kpad, qpad, seed, out, o_d, c, r_d, r_u)
+        a, b = normalizers if normalizers is not None else (None, None)
+        ctx.save_for_backward(q, k, v, u32, kpad, qpad, seed, out, o_d, c, r_d, r_u, a, b)
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, u32, kpad, qpad, seed, out, o_d, c, r_d, r_u = ctx.saved_tensors
-        dq, dk, dv, du = _backward(do, q, k, v, u32, kpad, qpad, ctx.p_drop, seed, out, o_d, c, r_d, r_u)
+        q, k, v, u32, kpad, qpad, seed, out, o_d, c, r_d, r_u, a, b = ctx.saved_tensors
+        normalizers = None if a is None else (a, b)
+        dq, dk, dv, du = _backward(do, q, k, v, u32, kpad, qpad, ctx.p_drop, seed, out, o_d, c, r_d, r_u,
+                                   normalizers)
         du = None if du is None else du.to(ctx.u_dtype)
-        return dq, dk, dv, du, None, None, None, None
+        return dq, dk, dv, du, None, None, None, None, None
 
 
 def new_seed(device: torch.device) -> Tensor:
@@ -538,14 +610,18 @@ def triton_attention(
     query_padding_mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     seed: Optional[Tensor] = None,
+    sinkhorn_iters: int = 1,
 ) -> Tensor:
     """DNAS (or, with ``hybrid_weight``, HNAS) attention output (B, H, T_q, D).
 
     Masks are (B, T) bool, True at padding; for self-attention pass the same
     tensor twice. ``dropout_p`` > 0 drops the final probabilities with the
     Philox stream of ``seed`` (an int64 tensor of one element on q's device;
-    drawn with ``new_seed`` when None).
+    drawn with ``new_seed`` when None). ``sinkhorn_iters`` > 1 repeats the
+    (column, row) normalization of DNAS (``triton_sinkhorn.py``).
     """
+    if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, int) or sinkhorn_iters < 1:
+        raise ValueError(f"sinkhorn_iters must be an integer >= 1 (1 is the paper's DNAS); got {sinkhorn_iters!r}")
     if (key_padding_mask is None) != (query_padding_mask is None):
         # The kernels take both masks or none; complete the missing one.
         bsz = q.shape[0]
@@ -558,7 +634,7 @@ def triton_attention(
     if seed is None:
         seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
     return TritonAttention.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,
-                                 float(dropout_p), seed)
+                                 float(dropout_p), seed, sinkhorn_iters)
 
 
 @triton.jit
@@ -576,7 +652,7 @@ def dropout_mask(seed: Tensor, shape: Tuple[int, int, int, int], p: float) -> Te
     and for anyone who wants to replay a dropout pattern."""
     bsz, heads, tq, tk = shape
     keep = torch.empty(shape, dtype=torch.int8, device=seed.device)
-    bm, bn, _ = _tiles("column", 64)
+    bm, bn, _ = _tiles("column", 64, torch.float16)
     grid = (triton.cdiv(tq, bm), triton.cdiv(tk, bn), bsz * heads)
     _dropout_mask_kernel[grid](seed, keep, tq, tk, float(p), BLOCK_M=bm, BLOCK_N=bn)
     return keep.bool()

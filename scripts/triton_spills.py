@@ -1,0 +1,139 @@
+#!/usr/bin/env python
+"""Compile every Triton kernel variant for an H100 (sm_90) on any machine, and
+report its registers and register spills: how ``GPU_TILES`` in
+``fairseq_dnas/attention/triton_flash.py`` were chosen without a GPU.
+
+No GPU is needed: Triton's NVIDIA backend and ptxas run on the CPU. The
+interpreter (which CI uses to run the kernels) accepts code that the compiler
+rejects, so compiling closes that gap; ``tests/test_triton.py`` runs this
+script with ``--no-ptxas``.
+
+    python scripts/triton_spills.py                         # fp16/bf16/fp32 x head size 64/128
+    python scripts/triton_spills.py --cases fp16:64 --no-ptxas
+
+Prints one line per kernel, tile and variant (HYBRID, DROPOUT, SINKHORN,
+HAS_BIAS flags), then "compiled N variants, M with spills"; exits 1 if a
+variant spills (or does not compile). Spills depend on the Triton version;
+timing on a GPU (scripts/benchmark.py --device cuda) decides in the end.
+"""
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, before triton_flash is imported
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from fairseq_dnas.attention import triton_flash as F  # noqa: E402
+from fairseq_dnas.attention import triton_sinkhorn as S  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)  # H100
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DEFAULT_CASES = "fp16:64,bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
+
+# kernel -> its GPU_TILES entry
+KERNELS = {
+    "column_lse": (F._column_lse_kernel, "column"),
+    "forward": (F._forward_kernel, "forward"),
+    "backward_preprocess": (F._backward_preprocess_kernel, "forward"),
+    "backward_kv": (F._backward_kv_kernel, "backward_kv"),
+    "backward_q": (F._backward_q_kernel, "backward_q"),
+    "bias_gradient": (S._bias_gradient_kernel, S.REDUCE_TILES),
+    "normalizer_ds": (S._normalizer_ds_kernel, S.DS_TILES),
+}
+FLAGS = ("HYBRID", "DROPOUT", "SINKHORN", "HAS_BIAS")
+DATA = ("Q", "K", "V", "OUT", "OD", "DO", "DQ", "DK", "DV", "A", "B")  # pointers in the input dtype
+FLOAT32 = ("C", "BIAS", "XB", "U", "RD", "RU", "ED", "EU", "DC", "DU", "XA", "YB", "WA", "WB")
+OTHER = {"SEED": "*i64", "QPAD": "*u8", "KPAD": "*u8", "PADA": "*u8", "PADB": "*u8", "p_drop": "fp32"}
+
+
+def signature(kernel, dtype: str, constexprs: dict) -> dict:
+    types = dict.fromkeys(DATA, "*" + dtype)
+    types.update(dict.fromkeys(FLOAT32, "*fp32"), **OTHER)
+    if kernel is S._bias_gradient_kernel:
+        types["OUT"] = "*fp32"  # a vector of normalizer gradients
+    return {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
+
+
+def variants(kernel):
+    flags = [f for f in FLAGS if f in kernel.arg_names]
+    for values in itertools.product((False, True), repeat=len(flags)):
+        yield dict(zip(flags, values))
+
+
+def ptxas_usage(ptx: str):
+    """(registers, spill store bytes) that ptxas reports for sm_90a."""
+    try:  # the ptxas that Triton itself runs for sm_90 (newer Triton: "ptxas-blackwell")
+        from triton.backends.nvidia.compiler import get_ptxas
+        try:
+            ptxas = get_ptxas(TARGET.arch).path
+        except TypeError:  # older Triton: no arch argument
+            ptxas = get_ptxas().path
+    except (ImportError, AttributeError, RuntimeError) as e:
+        sys.exit(f"triton_spills.py: cannot find Triton's ptxas ({e}); use --no-ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        res = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-2000:])
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else 0
+
+
+def parse_cases(text: str):
+    cases = []
+    for item in text.split(","):
+        dtype, _, head = item.partition(":")
+        if dtype not in DTYPES or not head.isdigit() or not 16 <= int(head) <= F.MAX_HEAD_DIM:
+            raise argparse.ArgumentTypeError(
+                f"--cases takes DTYPE:HEAD_SIZE items ({', '.join(DTYPES)}; head size 16 to "
+                f"{F.MAX_HEAD_DIM}), e.g. fp16:64,fp32:128; got {item!r}")
+        cases.append((dtype, int(head)))
+    return cases
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
+                   help=f"DTYPE:HEAD_SIZE list (default {DEFAULT_CASES})")
+    p.add_argument("--no-ptxas", action="store_true", help="only compile (no register report)")
+    args = p.parse_args(argv)
+
+    compiled = spilled = 0
+    for dtype, head in args.cases:
+        for name, (kernel, tiles) in KERNELS.items():
+            bm, bn, warps = F._tiles(tiles, head, DTYPES[dtype])
+            for flags in variants(kernel):
+                c = dict(HAS_PAD=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=F._block_d(head),
+                         PRECISION=F._precision(DTYPES[dtype]), **flags)
+                c = {k: v for k, v in c.items() if k in kernel.arg_names}
+                src = ASTSource(fn=kernel, signature=signature(kernel, dtype, c), constexprs=c)
+                binary = triton.compile(src, target=TARGET, options=dict(num_warps=warps, num_stages=F.STAGES))
+                compiled += 1
+                label = " ".join(f"{k}={int(v)}" for k, v in flags.items()) or "-"
+                if args.no_ptxas:
+                    print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w {label}", flush=True)
+                    continue
+                regs, spill = ptxas_usage(binary.asm["ptx"])
+                spilled += spill > 0
+                print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w {label}: {regs} registers, "
+                      f"{spill} bytes spilled", flush=True)
+    print(f"compiled {compiled} variants, {spilled} with spills")
+    return 1 if spilled else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
