@@ -6,14 +6,16 @@ report its registers and register spills: how ``GPU_TILES`` in
 No GPU is needed: Triton's NVIDIA backend and ptxas run on the CPU. The
 interpreter (which CI uses to run the kernels) accepts code that the compiler
 rejects, so compiling closes that gap; ``tests/test_triton.py`` runs this
-script with ``--no-ptxas``.
+script with ``--no-report``. The report reads the cubin Triton built (what
+the GPU loads: ptxas with Triton's own options) with cuobjdump.
 
     python scripts/triton_spills.py                         # fp16/bf16/fp32 x head size 64/128
-    python scripts/triton_spills.py --cases fp16:64 --no-ptxas
+    python scripts/triton_spills.py --cases fp16:64 --no-report
 
 Prints one line per kernel, tile and variant (HYBRID, DROPOUT, SINKHORN,
-HAS_BIAS flags), then "compiled N variants, M with spills"; exits 1 if a
-variant spills (or does not compile). Spills depend on the Triton version;
+HAS_BIAS flags) with its registers and stack bytes (register spills), then
+"compiled N variants, M with a stack, the largest X bytes"; exits 1 if a
+variant spills more than --max-stack bytes (or does not compile). Spills depend on the Triton version;
 timing on a GPU (scripts/benchmark.py --device cuda) decides in the end.
 """
 
@@ -71,26 +73,20 @@ def variants(kernel):
         yield dict(zip(flags, values))
 
 
-def ptxas_usage(ptx: str):
-    """(registers, spill store bytes) that ptxas reports for sm_90a."""
-    try:  # the ptxas that Triton itself runs for sm_90 (newer Triton: "ptxas-blackwell")
-        from triton.backends.nvidia.compiler import get_ptxas
-        try:
-            ptxas = get_ptxas(TARGET.arch).path
-        except TypeError:  # older Triton: no arch argument
-            ptxas = get_ptxas().path
-    except (ImportError, AttributeError, RuntimeError) as e:
-        sys.exit(f"triton_spills.py: cannot find Triton's ptxas ({e}); use --no-ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
+def cubin_usage(binary):
+    """(registers, stack bytes) of the cubin Triton built, as the GPU would load it
+    (cuobjdump --dump-resource-usage; register spills live on the stack)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        sys.exit(f"triton_spills.py: no cuobjdump at {tool}; use --no-report")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(binary.asm["cubin"])
         f.flush()
-        res = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
-                             capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr[-2000:])
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spills = re.search(r"(\d+) bytes spill stores", res.stderr)
-    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else 0
+        res = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True)
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", res.stdout)
+    if res.returncode != 0 or usage is None:
+        raise RuntimeError(f"cuobjdump failed: {res.stdout[-1000:]}{res.stderr[-1000:]}")
+    return int(usage.group(1)), int(usage.group(2))
 
 
 def parse_cases(text: str):
@@ -109,10 +105,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
                    help=f"DTYPE:HEAD_SIZE list (default {DEFAULT_CASES})")
-    p.add_argument("--no-ptxas", action="store_true", help="only compile (no register report)")
+    p.add_argument("--no-report", action="store_true", help="only compile (no register report)")
+    p.add_argument("--max-stack", type=int, default=16, metavar="BYTES",
+                   help="exit 1 if a variant spills more than this (default 16: GPU_TILES' rule)")
     args = p.parse_args(argv)
 
-    compiled = spilled = 0
+    compiled = spilled = largest = 0
     for dtype, head in args.cases:
         for name, (kernel, tiles) in KERNELS.items():
             bm, bn, warps = F._tiles(tiles, head, DTYPES[dtype])
@@ -124,15 +122,17 @@ def main(argv=None):
                 binary = triton.compile(src, target=TARGET, options=dict(num_warps=warps, num_stages=F.STAGES))
                 compiled += 1
                 label = " ".join(f"{k}={int(v)}" for k, v in flags.items()) or "-"
-                if args.no_ptxas:
+                if args.no_report:
                     print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w {label}", flush=True)
                     continue
-                regs, spill = ptxas_usage(binary.asm["ptx"])
-                spilled += spill > 0
+                regs, stack = cubin_usage(binary)
+                spilled += stack > 0
+                largest = max(largest, stack)
                 print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w {label}: {regs} registers, "
-                      f"{spill} bytes spilled", flush=True)
-    print(f"compiled {compiled} variants, {spilled} with spills")
-    return 1 if spilled else 0
+                      f"{stack} bytes of stack", flush=True)
+    print(f"compiled {compiled} variants, {spilled} with a stack (register spills), "
+          f"the largest {largest} bytes (Triton {triton.__version__})")
+    return 1 if largest > args.max_stack else 0
 
 
 if __name__ == "__main__":

@@ -491,10 +491,10 @@ def test_kernels_compile_for_an_h100():
     """Compile every kernel variant for sm_90 (no GPU needed: Triton's NVIDIA
     backend runs on the CPU). The interpreter runs code that the compiler
     rejects (e.g. a non-constexpr global), so this closes that gap; the
-    script also reports register spills (without --no-ptxas)."""
+    script also reports register spills (without --no-report)."""
     cases = "fp16:64,bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    res = subprocess.run([sys.executable, "scripts/triton_spills.py", "--no-ptxas", "--cases", cases],
+    res = subprocess.run([sys.executable, "scripts/triton_spills.py", "--no-report", "--cases", cases],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     # 7 kernels x (their flag combinations: 2, 4, 2, 8, 8, 1, 1) x 6 cases

@@ -80,24 +80,27 @@ MAX_HEAD_DIM = 128
 
 # Tiles per kernel: (BLOCK_M queries, BLOCK_N keys, warps), by input kind
 # (half: float16/bfloat16; float32, whose exact products take far more
-# registers) and head size. Chosen, without a GPU to time them, as the
-# largest tiles that compile for sm_90 without register spills in any
-# variant (HYBRID x DROPOUT x SINKHORN x HAS_BIAS, STAGES pipeline stages):
-# scripts/triton_spills.py prints the table (Triton 3.9: 156 variants, 0
-# bytes spilled). The backward kv kernel holds three (BLOCK_N, D) float32
-# accumulators, the Philox draws of dropout need registers of their own.
-# scripts/benchmark.py --device cuda times them.
+# registers) and head size. Chosen without a GPU to time them, from what
+# ptxas makes of each tile for sm_90 in every variant (HYBRID x DROPOUT x
+# SINKHORN x HAS_BIAS, STAGES pipeline stages) under Triton 3.6 (torch
+# 2.11's, the lent H100's) and 3.9 (what CI installs): the largest tiles
+# with at most 16 bytes of register spills in any variant under either
+# (float32: none). Halving a tile to save 8-16 bytes of spills was judged the
+# worse trade. scripts/triton_spills.py prints the table; the backward kv
+# kernel holds three (BLOCK_N, D) float32 accumulators, the Philox draws of
+# dropout need registers of their own. scripts/benchmark.py --device cuda
+# times them.
 # Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
 # sequences span several blocks and ragged tails.
 GPU_TILES = {
     ("half", 64): dict(column=(64, 64, 4), forward=(64, 32, 4), backward_kv=(64, 32, 8),
-                       backward_q=(64, 32, 4), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
-    ("half", 128): dict(column=(64, 64, 4), forward=(64, 32, 8), backward_kv=(32, 32, 8),
-                        backward_q=(32, 64, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(32, 64, 4)),
-    ("float32", 64): dict(column=(64, 32, 4), forward=(64, 16, 8), backward_kv=(32, 32, 8),
-                          backward_q=(64, 32, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
-    ("float32", 128): dict(column=(32, 32, 8), forward=(16, 16, 4), backward_kv=(16, 16, 8),
-                           backward_q=(64, 16, 8), sinkhorn_reduce=(64, 32, 4), sinkhorn_ds=(32, 64, 4)),
+                       backward_q=(64, 32, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
+    ("half", 128): dict(column=(64, 64, 4), forward=(32, 32, 8), backward_kv=(32, 32, 8),
+                        backward_q=(32, 64, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 8)),
+    ("float32", 64): dict(column=(64, 32, 8), forward=(16, 32, 8), backward_kv=(16, 32, 8),
+                          backward_q=(64, 32, 8), sinkhorn_reduce=(64, 32, 8), sinkhorn_ds=(64, 32, 8)),
+    ("float32", 128): dict(column=(16, 32, 8), forward=(16, 16, 8), backward_kv=(16, 16, 8),
+                           backward_q=(32, 32, 8), sinkhorn_reduce=(16, 32, 8), sinkhorn_ds=(64, 16, 8)),
 }
 INTERPRETER_TILES = dict.fromkeys(GPU_TILES["half", 64], (16, 16, 1))
 STAGES = 2
