@@ -260,6 +260,26 @@ def test_sinkhorn_iterations_approach_a_doubly_stochastic_matrix():
     assert col_err[1] > 0.1 and col_err[30] < 1e-4, col_err
 
 
+def test_sinkhorn_padded_queries_far_from_every_key():
+    """A padded query whose scores are all very negative has a row normalizer
+    b far below 0 (about -360 here): exp(-b) must not reach the gradients
+    through 0 * inf = NaN, and the real rows must not notice it."""
+    q, k, v = _qkv(batch=2, heads=1, tq=20, tk=20, d=16)
+    mask = padding_mask((20, 12), 20, True).to(DEVICE)
+    with torch.no_grad():
+        k.abs_()
+        q[1, :, :8] = -50.0
+    out = _run(q, k, v, "dnas", mask, mask, None, sinkhorn_iters=2)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref_out, ref_ins = _float64_autograd(q, k, v, None, "dnas", mask, mask, sinkhorn_iters=2)
+    torch.testing.assert_close(out.double().cpu(), ref_out.detach().cpu(), atol=1e-5, rtol=0)
+    for name, a, b in zip("qkv", grads, torch.autograd.grad(ref_out, ref_ins, g.double())):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.double().cpu(), b.cpu(), atol=_grad_tol(b), rtol=0,
+                                   msg=lambda m, name=name: f"d{name}: {m}")
+
+
 def test_sinkhorn_with_dropout_equals_autograd_with_the_same_mask():
     q, k, v = _qkv(heads=2)
     u = _u(2)

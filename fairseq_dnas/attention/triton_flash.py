@@ -358,8 +358,9 @@ def _backward_kv_kernel(
             g = tl.where(keep, g * scale, 0.0)  # G = Z' (dO V^T)
         t = p_d * (u * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
-        if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
-            r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1}); <= T_k at real rows,
+            # unbounded at padded ones (their b excludes nothing): 0 there, where p_d = 0
+            r_x = tl.where(real_q, r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0), 0.0)
         else:
             r_x = r_d
         xi = p_d * tl.exp(r_x)[None, :]  # column softmax exp(s - c) = d c[j] / d s[i, j]
@@ -405,8 +406,8 @@ def _backward_q_kernel(
     do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
     r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    if SINKHORN:  # xi = exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
-        exp_r = tl.exp(r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0))
+    if SINKHORN:  # xi = exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1}); 0 * inf guard as in the kv pass
+        exp_r = tl.exp(tl.where(real_q, r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0), 0.0))
     else:
         exp_r = tl.exp(r_d)
     if HYBRID:
