@@ -72,6 +72,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fairseq_dnas.attention.functional import check_sinkhorn_iters
+
 # Triton reads TRITON_INTERPRET when the kernels are decorated (at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -181,14 +183,17 @@ def _online_softmax_step(m, l, acc, s, v, keep, DROPOUT: tl.constexpr, PRECISION
 
 @triton.jit
 def _column_lse_kernel(
-    Q, K, C, BIAS, QPAD,
+    Q, K, C, BIAS, QPAD, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
     H, TQ, TK, D,
     HAS_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """c[j] = logsumexp over real queries i of s[i, j] (Algorithm 1, step 4's
-    column normalizer); 0 for a key no real query sees. Computed as the row
+    column normalizer); 0 for a padded key and for a key no real query sees
+    (as ``functional.dnas_key_bias``: a padded position's normalizer, which
+    excludes nothing, could be any size and must not reach a product with a
+    zero probability as exp(-c) = inf). Computed as the row
     lse of the transposed scores K Q^T, so the reduction runs along axis 1.
 
     With HAS_BIAS, c[j] = logsumexp_i (s[i, j] - BIAS[i]); called with the
@@ -212,7 +217,8 @@ def _column_lse_kernel(
         m_new = tl.maximum(m, tl.max(s_t, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s_t - m_new[:, None]), 1)
         m = m_new
-    c = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
+    ok = _real(KPAD, b, offs_n, TK, HAS_PAD) & (l > 0)
+    c = tl.where(ok, m + tl.log(tl.where(ok, l, 1.0)), 0.0)
     tl.store(C + bh * TK + offs_n, c, mask=offs_n < TK)
 
 
@@ -358,9 +364,8 @@ def _backward_kv_kernel(
             g = tl.where(keep, g * scale, 0.0)  # G = Z' (dO V^T)
         t = p_d * (u * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
-        if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1}); <= T_k at real rows,
-            # unbounded at padded ones (their b excludes nothing): 0 there, where p_d = 0
-            r_x = tl.where(real_q, r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0), 0.0)
+        if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1}) (both 0 at padded rows)
+            r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         else:
             r_x = r_d
         xi = p_d * tl.exp(r_x)[None, :]  # column softmax exp(s - c) = d c[j] / d s[i, j]
@@ -406,8 +411,8 @@ def _backward_q_kernel(
     do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
     r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    if SINKHORN:  # xi = exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1}); 0 * inf guard as in the kv pass
-        exp_r = tl.exp(tl.where(real_q, r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0), 0.0))
+    if SINKHORN:  # xi = exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
+        exp_r = tl.exp(r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0))
     else:
         exp_r = tl.exp(r_d)
     if HYBRID:
@@ -480,17 +485,19 @@ def _output_buffer(q: Tensor, dtype: torch.dtype) -> Tensor:
     return q.new_empty((t, b, h, d), dtype=dtype).permute(1, 2, 0, 3)
 
 
-def lse_pass(rows: Tensor, over: Tensor, over_pad: Optional[Tensor], out: Tensor,
-             bias: Optional[Tensor] = None) -> Tensor:
+def lse_pass(rows: Tensor, over: Tensor, rows_pad: Optional[Tensor], over_pad: Optional[Tensor],
+             out: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """out[b, h, a] = logsumexp over the real n of (rows_a . over_n - bias[b, h, n])
-    (0 where no n is real): ``_column_lse_kernel`` with rows = K, over = Q gives
-    DNAS's c; with rows = Q, over = K a row normalizer. ``over_pad`` is the
-    uint8 mask of ``_pad_arg`` or None; ``out`` a contiguous float32 (B, H, T_rows)."""
+    (0 at padded a and where no n is real): ``_column_lse_kernel`` with
+    rows = K, over = Q gives DNAS's c; with rows = Q, over = K a row
+    normalizer. The masks are the uint8 ones of ``_pad_arg``, both or none;
+    ``out`` a contiguous float32 (B, H, T_rows)."""
     bsz, heads, t_rows, d = rows.shape
     t_over = over.shape[2]
     bm, bn, warps = _tiles("column", d, rows.dtype)
     _column_lse_kernel[(triton.cdiv(t_rows, bn), heads, bsz)](
-        over, rows, out, out if bias is None else bias, _pad_arg(None, rows) if over_pad is None else over_pad,
+        over, rows, out, out if bias is None else bias,
+        *((over_pad, rows_pad) if over_pad is not None else (_pad_arg(None, rows),) * 2),
         *_strides(over), *_strides(rows), heads, t_over, t_rows, d,
         HAS_PAD=over_pad is not None, HAS_BIAS=bias is not None, PRECISION=_precision(rows.dtype),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=STAGES,
@@ -513,7 +520,8 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
     meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), BLOCK_D=_block_d(d), num_stages=STAGES)
     if sinkhorn_iters == 1:
-        c = lse_pass(k, q, qpad_arg if has_pad else None, torch.empty((bsz, heads, tk), **f32))
+        pads = (kpad_arg, qpad_arg) if has_pad else (None, None)
+        c = lse_pass(k, q, *pads, torch.empty((bsz, heads, tk), **f32))
         normalizers = None
     else:
         from fairseq_dnas.attention import triton_sinkhorn  # imports this module: not at the top
@@ -624,8 +632,7 @@ def triton_attention(
     drawn with ``new_seed`` when None). ``sinkhorn_iters`` > 1 repeats the
     (column, row) normalization of DNAS (``triton_sinkhorn.py``).
     """
-    if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, int) or sinkhorn_iters < 1:
-        raise ValueError(f"sinkhorn_iters must be an integer >= 1 (1 is the paper's DNAS); got {sinkhorn_iters!r}")
+    check_sinkhorn_iters(sinkhorn_iters)
     if (key_padding_mask is None) != (query_padding_mask is None):
         # The kernels take both masks or none; complete the missing one.
         bsz = q.shape[0]

@@ -61,6 +61,18 @@ REDUCE_TILES, DS_TILES = "sinkhorn_reduce", "sinkhorn_ds"
 
 
 @triton.jit
+def _pair_scores(rows, real_a, B, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
+                 HAS_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    """Scores A_a . B_b of a row block against the column block offs_n (and
+    that block of B), -inf at every pair with a padded side: a padded pair's
+    exponent s - x - y may overflow, since its normalizers x, y exclude it."""
+    real_b = _real(PADB, b, offs_n, TB, HAS_PAD)
+    cols = _load_tile(B, offs_n, offs_d, sb_t, sb_d, offs_n < TB, D)
+    s = tl.dot(rows, tl.trans(cols), input_precision=PRECISION)  # (M, N)
+    return tl.where(real_a[:, None] & real_b[None, :], s, float("-inf")), cols
+
+
+@triton.jit
 def _bias_gradient_kernel(
     A, B, XA, YB, WB, OUT, PADA, PADB,
     sa_b, sa_h, sa_t, sa_d, sb_b, sb_h, sb_t, sb_d,
@@ -81,13 +93,10 @@ def _bias_gradient_kernel(
     acc = tl.zeros([BLOCK_M], tl.float32)
     for start_n in range(0, TB, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        real_b = _real(PADB, b, offs_n, TB, HAS_PAD)
-        cols = _load_tile(B + b * sb_b + h * sb_h, offs_n, offs_d, sb_t, sb_d, offs_n < TB, D)
+        s, _ = _pair_scores(rows, real_a, B + b * sb_b + h * sb_h, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
+                            HAS_PAD, PRECISION)
         y = tl.load(YB + bh * TB + offs_n, mask=offs_n < TB, other=0.0)
         w = tl.load(WB + bh * TB + offs_n, mask=offs_n < TB, other=0.0)
-        s = tl.dot(rows, tl.trans(cols), input_precision=PRECISION)  # (M, N)
-        # -inf before exp: a padded pair's exponent may overflow (its x, y exclude it)
-        s = tl.where(real_a[:, None] & real_b[None, :], s, float("-inf"))
         acc -= tl.sum(tl.exp(s - x[:, None] - y[None, :]) * w[None, :], 1)
     tl.store(OUT + bh * TA + offs_m, acc, mask=offs_m < TA)
 
@@ -113,11 +122,8 @@ def _normalizer_ds_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, TB, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        real_b = _real(PADB, b, offs_n, TB, HAS_PAD)
-        cols = _load_tile(B + b * sb_b + h * sb_h, offs_n, offs_d, sb_t, sb_d, offs_n < TB, D)
-        s = tl.dot(rows, tl.trans(cols), input_precision=PRECISION)  # (M, N)
-        # -inf before exp: a padded pair's exponent may overflow (its biases exclude it)
-        s = tl.where(real_a[:, None] & real_b[None, :], s, float("-inf"))
+        s, cols = _pair_scores(rows, real_a, B + b * sb_b + h * sb_h, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
+                               HAS_PAD, PRECISION)
         ds = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for t in range(NT):
             xa = tl.load(XA + t * st_a + bh * TA + offs_m, mask=offs_m < TA, other=0.0)
@@ -142,9 +148,9 @@ def normalizers(q: Tensor, k: Tensor, qpad_arg: Tensor, kpad_arg: Tensor, has_pa
     b = torch.empty((n - 1, bsz, heads, tq), dtype=torch.float32, device=q.device)
     qpad, kpad = (qpad_arg, kpad_arg) if has_pad else (None, None)
     for i in range(n):  # round i + 1
-        lse_pass(k, q, qpad, a[i], bias=None if i == 0 else b[i - 1])  # a_{i+1}: columns
+        lse_pass(k, q, kpad, qpad, a[i], bias=None if i == 0 else b[i - 1])  # a_{i+1}: columns
         if i < n - 1:
-            lse_pass(q, k, kpad, b[i], bias=a[i])  # b_{i+1}: rows
+            lse_pass(q, k, qpad, kpad, b[i], bias=a[i])  # b_{i+1}: rows
     return a, b
 
 
