@@ -11,8 +11,9 @@
 # Multi30k's 29k short caption pairs are little data for fairseq's base model
 # (6 + 6 layers, width 512); small-data recipes commonly use 3-6 layers of
 # width 256-512 (not compared here), and 3 x 256 keeps a CPU run affordable.
-# SIZE=tiny (2 + 2, width 128) is for smoke tests and the CPU table. Hardware and time, measured with one thread per run and
-# two runs sharing 2 CPU cores: about 1.2 s (SIZE=small) and 0.8 s
+# SIZE=tiny (2 + 2, width 128) is for smoke tests and the CPU table.
+# Hardware and time, measured with one thread per run and two runs sharing
+# 2 CPU cores: about 1.2 s (SIZE=small) and 0.8 s
 # (SIZE=tiny) per update of 2,048 tokens, UNAS and HNAS alike; slower when
 # the machine is busier. GPUs: NPROC of them, the effective batch stays
 # BATCH_TOKENS (not timed here).
