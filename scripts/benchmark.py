@@ -182,8 +182,19 @@ def machine():
         "torch": torch.__version__, "fairseq": fairseq.__version__, "python": platform.python_version(),
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "triton_tiles": triton_tiles(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+
+
+def triton_tiles():
+    """The Triton path's tiles in effect (built in, or FAIRSEQ_DNAS_TRITON_TILES's file)."""
+    try:
+        from fairseq_dnas.attention import triton_flash
+    except ImportError:
+        return None
+    return {"file": os.environ.get(triton_flash.TILES_ENV) or None,
+            "tiles": {f"{k}:{d}": {n: list(t) for n, t in e.items()} for (k, d), e in triton_flash.GPU_TILES.items()}}
 
 
 class CpuLoad:

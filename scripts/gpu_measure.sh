@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Take the GPU figures of docs/performance.md on a CUDA machine, in one go:
-# the Triton and kernel tests on the GPU, then the benchmark with the GPU
-# targets. Writes pytest-gpu.log, benchmark.log, gpu.json and gpu.md to
-# OUT_DIR. About 15 minutes on an H100.
+# Take the GPU figures of docs/performance.md on a CUDA machine: the Triton
+# and kernel tests on the GPU, the tile timings, then the benchmark with the
+# GPU targets (built-in tiles, then the module section again with the timed
+# tiles). Writes pytest-gpu.log, tiles.json, tiles.log, benchmark.log,
+# gpu.json, gpu.md, tuned.json and tuned.md to OUT_DIR.
+# About 20 minutes on an H100 in all; the lent machine runs at most 10
+# minutes a command, so there run one step a call (STEPS=tests, then tiles,
+# then benchmark, then tuned; see ../shared/docs/gpu.md for the rest).
 #
 #   bash scripts/gpu_measure.sh                       # after scripts/install.sh (TORCH_SPEC=torch)
-#   OUT_DIR=$OUT bash scripts/gpu_measure.sh          # on the lent machine (see ../shared/docs/gpu.md)
+#   STEPS=tiles OUT_DIR=$OUT bash scripts/gpu_measure.sh
 #
-# Safe to re-run: every output is rewritten (the JSON through a temporary file).
+# Safe to re-run: every output is rewritten (the JSON files through temporary files).
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"                  # an interpreter with CUDA torch, fairseq and triton
 OUT_DIR="${OUT_DIR:-gpu-results}"            # where the logs and results go
+STEPS="${STEPS:-tests,tiles,benchmark,tuned}" # any of these, comma-separated, run in this order
 SECTIONS="${SECTIONS:-module,model,generate}" # benchmark sections (crossover: dense vs triton)
-TESTS="${TESTS:-tests/test_triton.py tests/test_kernels.py}"
+TESTS="${TESTS:-tests/test_triton.py tests/test_triton_tiles.py tests/test_kernels.py}"
+TILE_CASES="${TILE_CASES:-fp16:64}"          # cases scripts/triton_tiles.py times (the benchmark's head size 64)
 
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT_DIR"
+for step in ${STEPS//,/ }; do
+  case "$step" in tests|tiles|benchmark|tuned) ;; *)
+    echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from tests,tiles,benchmark,tuned)" >&2
+    exit 2 ;;
+  esac
+done
+has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
+
 "$PYTHON" - <<'PYCHECK'
 import sys, torch
 if not torch.cuda.is_available():
@@ -24,11 +38,29 @@ if not torch.cuda.is_available():
 print(f"[gpu_measure] {torch.cuda.get_device_name()}, torch {torch.__version__}")
 PYCHECK
 
-echo "[gpu_measure] tests on the GPU: $TESTS"
-# shellcheck disable=SC2086  # TESTS is a list of paths
-"$PYTHON" -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT_DIR/pytest-gpu.log"
-
-echo "[gpu_measure] benchmark: $SECTIONS"
-PYTHONUNBUFFERED=1 "$PYTHON" scripts/benchmark.py --device cuda --sections "$SECTIONS" \
-  --json "$OUT_DIR/gpu.json" --markdown "$OUT_DIR/gpu.md" 2>&1 | tee "$OUT_DIR/benchmark.log"
-echo "[gpu_measure] done: $OUT_DIR/gpu.md"
+if has_step tests; then
+  echo "[gpu_measure] tests on the GPU: $TESTS"
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  "$PYTHON" -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT_DIR/pytest-gpu.log"
+fi
+if has_step tiles; then
+  echo "[gpu_measure] tile timings: $TILE_CASES"
+  "$PYTHON" scripts/triton_tiles.py --cases "$TILE_CASES" --json "$OUT_DIR/tiles.json" 2>&1 \
+    | tee "$OUT_DIR/tiles.log"
+fi
+if has_step benchmark; then
+  echo "[gpu_measure] benchmark (built-in tiles): $SECTIONS"
+  PYTHONUNBUFFERED=1 "$PYTHON" scripts/benchmark.py --device cuda --sections "$SECTIONS" \
+    --json "$OUT_DIR/gpu.json" --markdown "$OUT_DIR/gpu.md" 2>&1 | tee "$OUT_DIR/benchmark.log"
+fi
+if has_step tuned; then
+  if [[ ! -s "$OUT_DIR/tiles.json" ]]; then
+    echo "gpu_measure.sh: step 'tuned' needs $OUT_DIR/tiles.json; run STEPS=tiles first" >&2
+    exit 1
+  fi
+  echo "[gpu_measure] module benchmark with the timed tiles ($OUT_DIR/tiles.json)"
+  FAIRSEQ_DNAS_TRITON_TILES="$OUT_DIR/tiles.json" PYTHONUNBUFFERED=1 "$PYTHON" scripts/benchmark.py \
+    --device cuda --sections module --json "$OUT_DIR/tuned.json" --markdown "$OUT_DIR/tuned.md" 2>&1 \
+    | tee "$OUT_DIR/tuned.log"
+fi
+echo "[gpu_measure] done: $OUT_DIR"

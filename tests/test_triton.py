@@ -3,18 +3,14 @@
 Without a GPU the kernels run on CPU tensors under Triton's interpreter
 (conftest sets TRITON_INTERPRET=1; the interpreter uses 16 x 16 tiles, so the
 lengths below span several tiles and ragged tails). On a GPU machine the same
-tests run the compiled kernels on CUDA tensors. A last test compiles every
-kernel variant for an H100 (sm_90) on any machine: the interpreter accepts
-code the compiler rejects.
+tests run the compiled kernels on CUDA tensors. ``test_triton_tiles.py``
+compiles every kernel variant for an H100 (sm_90) on any machine (the
+interpreter accepts code the compiler rejects) and tests the tile tools.
 """
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, padding_mask
+from conftest import padding_mask
 from reference import reference_probs, reference_self_attention
 
 from fairseq_dnas.attention import functional as AF
@@ -504,18 +500,3 @@ def test_no_host_synchronization_on_the_gpu(need_weights, monkeypatch):
         out.sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
-def test_kernels_compile_for_an_h100():
-    """Compile every kernel variant for sm_90 (no GPU needed: Triton's NVIDIA
-    backend runs on the CPU). The interpreter runs code that the compiler
-    rejects (e.g. a non-constexpr global), so this closes that gap; the
-    script also reports register spills (without --no-report)."""
-    cases = "fp16:64,bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    res = subprocess.run([sys.executable, "scripts/triton_spills.py", "--no-report", "--cases", cases],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    # 7 kernels x (their flag combinations: 2, 4, 2, 8, 8, 1, 1) x 6 cases
-    assert "compiled 156 variants" in res.stdout, res.stdout[-2000:]

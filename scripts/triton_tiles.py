@@ -1,0 +1,258 @@
+#!/usr/bin/env python
+"""Time tile sizes of the Triton kernels on this GPU and write the fastest as a
+JSON file for ``FAIRSEQ_DNAS_TRITON_TILES``.
+
+``GPU_TILES`` in ``fairseq_dnas/attention/triton_flash.py`` were chosen for
+an H100 from what the compiler makes of each tile (scripts/triton_spills.py),
+not from timings; other GPUs want other tiles. This script decides by time:
+
+    python scripts/triton_tiles.py --json tiles.json                 # fp16, head size 64
+    python scripts/triton_tiles.py --cases fp16:64,bf16:128 --sinkhorn 3 --json tiles.json
+    FAIRSEQ_DNAS_TRITON_TILES=tiles.json fairseq-train ...          # use them
+
+For each case (dtype:head size) it tunes one kernel at a time, starting from
+the current tiles (coordinate descent): every candidate tile of that kernel
+is timed on every workload (T in --lengths at --tokens tokens a batch, left
+padding with lengths in [3T/4, T], --hidden 768 = heads x head size, DNAS and
+HNAS, attention dropout 0 and 0.1), candidates interleaved within each round
+so they see the same machine state; the score is the geometric mean over the
+workloads of the median time relative to the current tile. A candidate
+replaces it when faster by more than --min-gain. The forward kernels
+(column, forward) are timed on the forward, the others on the backward
+(with --sinkhorn N > 1 also the Sinkhorn kernels, on N rounds). A candidate
+whose results differ from the current tile's by more than rounding is
+rejected and reported; one that does not compile or launch (shared memory)
+is skipped.
+
+Without CUDA it runs under Triton's interpreter (TRITON_INTERPRET=1, CPU
+tensors): the timings then mean nothing; tests use it to check the script.
+Exit status 0 on success, 1 if no case could be timed, 2 for bad arguments.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from fairseq_dnas.attention import triton_flash as F  # noqa: E402
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+HIDDEN = 768
+# Candidates per kernel (BLOCK_M queries, BLOCK_N keys, warps); the current tile is always one.
+CANDIDATES = {
+    "column": [(64, 64, 4), (64, 128, 8), (128, 64, 8), (128, 128, 8), (32, 128, 8)],
+    "forward": [(64, 32, 4), (64, 64, 4), (64, 64, 8), (128, 32, 8), (128, 64, 8), (128, 16, 8)],
+    "backward_kv": [(16, 64, 4), (16, 128, 8), (32, 64, 8), (32, 128, 8), (64, 32, 8), (32, 32, 8)],
+    "backward_q": [(64, 16, 4), (64, 32, 4), (64, 32, 8), (128, 16, 8), (128, 32, 8), (32, 64, 8)],
+    "sinkhorn_reduce": [(64, 64, 4), (64, 128, 8), (128, 64, 8), (64, 32, 4)],
+    "sinkhorn_ds": [(64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)],
+}
+FORWARD_KERNELS = ("column", "forward")
+SINKHORN_KERNELS = ("sinkhorn_reduce", "sinkhorn_ds")
+
+
+def log(msg):
+    print(f"[tiles] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_cases(text):
+    cases = []
+    for item in text.split(","):
+        dtype, _, head = item.partition(":")
+        if dtype not in DTYPES or not head.isdigit() or int(head) not in (32, 64, 128):
+            raise argparse.ArgumentTypeError(
+                f"--cases takes DTYPE:HEAD_SIZE items ({', '.join(DTYPES)}; head size 32, 64 or 128), "
+                f"e.g. fp16:64,bf16:128; got {item!r}")
+        cases.append((dtype, int(head)))
+    return cases
+
+
+def parse_ints(text):
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=parse_cases, default=parse_cases("fp16:64"),
+                   help="DTYPE:HEAD_SIZE list (default fp16:64; bf16 shares fp16's tiles)")
+    p.add_argument("--lengths", type=parse_ints, default=[128, 512, 2048], help="T values (default 128,512,2048)")
+    p.add_argument("--tokens", type=int, default=16384, help="tokens a batch (default 16384)")
+    p.add_argument("--hidden", type=int, default=HIDDEN, help=f"heads x head size (default {HIDDEN})")
+    p.add_argument("--rounds", type=int, default=10, help="timed rounds a workload (default 10)")
+    p.add_argument("--sinkhorn", type=int, default=1, metavar="N",
+                   help="also tune the Sinkhorn kernels on N > 1 rounds (default 1: not)")
+    p.add_argument("--min-gain", type=float, default=0.02,
+                   help="a candidate must be this much faster to replace the current tile (default 0.02)")
+    p.add_argument("--kernels", default=None,
+                   help=f"comma-separated subset of {','.join(CANDIDATES)} (default: all that apply)")
+    p.add_argument("--json", required=True, help="where to write the tiles (FAIRSEQ_DNAS_TRITON_TILES reads it)")
+    args = p.parse_args(argv)
+    if args.tokens < max(args.lengths):
+        p.error(f"--tokens {args.tokens} is less than the longest length {max(args.lengths)}")
+    if any(args.hidden % head for _, head in args.cases):
+        p.error(f"--hidden {args.hidden} is not a multiple of every head size in --cases")
+    if args.rounds < 1 or args.sinkhorn < 1 or args.min_gain < 0:
+        p.error("--rounds and --sinkhorn must be >= 1 and --min-gain >= 0")
+    if args.kernels is not None:
+        unknown = set(args.kernels.split(",")) - set(CANDIDATES)
+        if unknown:
+            p.error(f"unknown --kernels {sorted(unknown)}; choose from {', '.join(CANDIDATES)}")
+    return args
+
+
+def tile_table(dtype, head):
+    """The dict F._tiles reads for this case (the interpreter's own under TRITON_INTERPRET)."""
+    if F.INTERPRETED:
+        return F.INTERPRETER_TILES
+    return F.GPU_TILES["float32" if dtype == torch.float32 else "half", 64 if head <= 64 else 128]
+
+
+def workloads(args, dtype, head, device):
+    """(name, inputs) for every length x scheme x dropout: the arguments of F._forward."""
+    heads = args.hidden // head
+    for t in args.lengths:
+        bsz = max(1, args.tokens // t)
+        g = torch.Generator().manual_seed(t)
+        lens = torch.randint(max(1, 3 * t // 4), t + 1, (bsz,), generator=g)
+        pad = (torch.arange(t)[None, :] < (t - lens)[:, None]).to(device)  # left padding
+        q, k, v = (torch.randn(bsz, heads, t, head, generator=g).mul(0.5).to(device, dtype) for _ in range(3))
+        for hybrid in (False, True):
+            u = torch.rand(heads, generator=g).to(device) if hybrid else None
+            for p_drop in (0.0, 0.1):
+                seed = torch.tensor([1234 + t], dtype=torch.int64, device=device)
+                name = f"T={t} {'hnas' if hybrid else 'dnas'} p={p_drop}"
+                yield name, (q, k, v, u, pad, pad, p_drop, seed, args.sinkhorn)
+
+
+def runner(kernel, inputs):
+    """A call that runs the pass containing ``kernel`` and returns its results."""
+    if kernel in FORWARD_KERNELS:
+        return lambda: F._forward(*inputs)[:2]
+    q, k, v, u, kpad, qpad, p_drop, seed, n = inputs
+    out, o_d, c, r_d, r_u, normalizers = F._forward(*inputs)
+    do = torch.randn_like(out)
+    return lambda: F._backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers)[:3]
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def close(a, b):
+    """Same results up to the rounding of a different summation order."""
+    scale = max(float(b.float().abs().max()), 1e-6)
+    return float((a.float() - b.float()).abs().max()) <= 2e-2 * scale
+
+
+def time_candidates(kernel, table, candidates, inputs, rounds, device):
+    """Median seconds per candidate (None: did not compile/launch; 'wrong': results differ)."""
+    run = runner(kernel, inputs)
+    current = table[kernel]
+    reference = run()
+    times = {}
+    for tile in candidates:
+        table[kernel] = tile
+        try:
+            got = run()  # compiles this variant
+            synchronize(device)
+        except Exception as e:  # noqa: BLE001 - compile errors, out of shared memory: skip the tile
+            log(f"  {kernel} {tile}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            times[tile] = None
+            continue
+        ok = all(close(a, b) for a, b in zip(got, reference) if a is not None and b is not None)
+        times[tile] = [] if ok else "wrong"
+        if not ok:
+            log(f"  {kernel} {tile}: REJECTED, results differ from {current}'s beyond rounding")
+    live = [t for t in candidates if isinstance(times[t], list)]
+    for _ in range(rounds):
+        for tile in live:
+            table[kernel] = tile
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            times[tile].append(time.perf_counter() - start)
+    table[kernel] = current
+    return {t: (statistics.median(v) if isinstance(v, list) else v) for t, v in times.items()}
+
+
+def tune_case(args, dtype_name, head, device, kernels):
+    dtype = DTYPES[dtype_name]
+    table = tile_table(dtype, head)
+    loads = list(workloads(args, dtype, head, device))
+    report = {}
+    for kernel in kernels:
+        current = table[kernel]
+        candidates = [current] + [t for t in CANDIDATES[kernel] if t != current]
+        per_load = {}
+        for name, inputs in loads:
+            per_load[name] = time_candidates(kernel, table, candidates, inputs, args.rounds, device)
+        scores = {}
+        for tile in candidates:
+            ratios = [per_load[n][tile] / per_load[n][current] for n in per_load
+                      if isinstance(per_load[n][tile], float)]
+            if len(ratios) == len(per_load):  # timed on every workload
+                scores[tile] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        best = min(scores, key=scores.get)
+        if scores[best] > 1 - args.min_gain:
+            best = current
+        table[kernel] = best
+        log(f"{dtype_name} d={head} {kernel}: " + ", ".join(
+            f"{'%dx%d/%dw' % t} {scores[t]:.3f}x" if t in scores else f"{'%dx%d/%dw' % t} -"
+            for t in candidates) + f" -> {'%dx%d/%dw' % best}")
+        report[kernel] = dict(tile=list(best), previous=list(current),
+                              relative_time={"%dx%d/%dw" % t: round(s, 4) for t, s in scores.items()},
+                              median_seconds={n: {"%dx%d/%dw" % t: s for t, s in v.items() if isinstance(s, float)}
+                                              for n, v in per_load.items()})
+    return report
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not F.INTERPRETED:
+        sys.exit("triton_tiles.py: no CUDA device; on CPU set TRITON_INTERPRET=1 (the timings then mean nothing)")
+    kernels = [k for k in CANDIDATES if args.sinkhorn > 1 or k not in SINKHORN_KERNELS]
+    if args.kernels is not None:
+        kernels = [k for k in kernels if k in args.kernels.split(",")]
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
+    log(f"{where}, torch {torch.__version__}, triton {triton.__version__}; kernels: {', '.join(kernels)}")
+    result = dict(device=where, torch=torch.__version__, triton=triton.__version__,
+                  settings=dict(lengths=args.lengths, tokens=args.tokens, rounds=args.rounds,
+                                sinkhorn=args.sinkhorn, min_gain=args.min_gain),
+                  tiles={}, measured={})
+    for dtype_name, head in args.cases:
+        kind = "float32" if dtype_name == "fp32" else "half"
+        key = f"{kind}:{64 if head <= 64 else 128}"
+        result["measured"][f"{dtype_name}:{head}"] = report = tune_case(args, dtype_name, head, device, kernels)
+        result["tiles"].setdefault(key, {}).update({k: r["tile"] for k, r in report.items()})
+    if not result["tiles"]:
+        log("nothing was timed")
+        return 1
+    tmp = Path(args.json).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, args.json)
+    for key, entry in result["tiles"].items():
+        print(f"{key}: {json.dumps(entry)}")
+    log(f"wrote {args.json}; use it with {F.TILES_ENV}={args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

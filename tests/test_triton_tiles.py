@@ -1,0 +1,117 @@
+"""The Triton kernels' tiles: every variant compiles for an H100, the tuner
+(scripts/triton_tiles.py) writes a file the kernels read, and a bad file is
+refused with a message that says what to fix.
+
+Without a GPU the tuner runs under Triton's interpreter (its timings mean
+nothing there; what is tested is that it times every candidate, checks their
+results and writes what FAIRSEQ_DNAS_TRITON_TILES reads).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+triton_flash = pytest.importorskip(
+    "fairseq_dnas.attention.triton_flash", reason="triton is not installed (scripts/install.sh installs it)"
+)
+
+
+def _run(args, env=None, timeout=600):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ, **(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU test_triton.py compiles and runs the kernels")
+def test_kernels_compile_for_an_h100():
+    """Compile every kernel variant for sm_90 (no GPU needed: Triton's NVIDIA
+    backend runs on the CPU). The interpreter runs code that the compiler
+    rejects (e.g. a non-constexpr global), so this closes that gap; the
+    script also reports spills, shared memory and wgmma (without --no-report)."""
+    cases = "fp16:64,bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
+    res = _run(["scripts/triton_spills.py", "--no-report", "--cases", cases],
+               env=dict(TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1"), timeout=1200)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    # 7 kernels x (their flag combinations: 2, 4, 2, 8, 8, 1, 1) x 6 cases
+    assert "compiled 156 variants" in res.stdout, res.stdout[-2000:]
+
+
+def _tune(tmp_path, *extra):
+    out = tmp_path / "tiles.json"
+    env = {} if torch.cuda.is_available() else dict(TRITON_INTERPRET="1")
+    res = _run(["scripts/triton_tiles.py", "--cases", "fp32:32", "--hidden", "32", "--lengths", "20",
+                "--tokens", "40", "--rounds", "1", "--json", str(out), *extra], env=env)
+    return res, out
+
+
+def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path):
+    res, out = _tune(tmp_path, "--kernels", "column,backward_kv")
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    tiles = data["tiles"]["float32:64"]  # head size 32 shares the <= 64 entry
+    assert set(tiles) == {"column", "backward_kv"}
+    for kernel in tiles:
+        timed = data["measured"]["fp32:32"][kernel]
+        # the current tile and every candidate were timed on all 4 workloads
+        # (DNAS/HNAS x dropout 0/0.1) and checked against the current tile
+        assert len(timed["relative_time"]) == 1 + len(
+            [t for t in _candidates()[kernel] if list(t) != timed["previous"]])
+        assert timed["relative_time"]["%dx%d/%dw" % tuple(timed["previous"])] == 1.0
+        assert all(len(v) == len(timed["relative_time"]) for v in timed["median_seconds"].values())
+        assert len(timed["median_seconds"]) == 4
+        assert tiles[kernel] == timed["tile"]
+    assert "REJECTED" not in res.stderr and "skipped" not in res.stderr
+    # the kernels take the file's tiles, and only those
+    probe = ("from fairseq_dnas.attention import triton_flash as F; import json; "
+             "print(json.dumps({k: list(v) for k, v in F.GPU_TILES['float32', 64].items()}))")
+    res = _run(["-c", probe], env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(out)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout)
+    assert got["column"] == tiles["column"] and got["backward_kv"] == tiles["backward_kv"]
+    assert got["forward"] == list(triton_flash.GPU_TILES["float32", 64]["forward"])
+
+
+def _candidates():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import triton_tiles
+    finally:
+        sys.path.pop(0)
+    return triton_tiles.CANDIDATES
+
+
+def test_tuner_refuses_bad_arguments(tmp_path):
+    res, out = _tune(tmp_path, "--kernels", "forwrd")
+    assert res.returncode == 2 and "unknown --kernels ['forwrd']" in res.stderr
+    assert not out.exists()
+    res = _run(["scripts/triton_tiles.py", "--cases", "fp16:48", "--json", str(out)])
+    assert res.returncode == 2 and "head size 32, 64 or 128" in res.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "cannot read it as JSON"),
+    ('{"half:64": {}}', 'expected an object with a "tiles" object'),
+    ('{"tiles": {"half:96": {}}}', "unknown case 'half:96'"),
+    ('{"tiles": {"half:64": {"forwrd": [64, 32, 4]}}}', "unknown kernel 'forwrd'"),
+    ('{"tiles": {"half:64": {"forward": [64, 48, 4]}}}', "blocks powers of two >= 16"),
+    ('{"tiles": {"half:64": {"forward": [64, 32, 3]}}}', "warps 1, 2, 4, 8 or 16"),
+])
+def test_a_bad_tiles_file_says_what_to_fix(tmp_path, content, message):
+    path = tmp_path / "tiles.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="scripts/triton_tiles.py") as err:
+        triton_flash.read_tiles(str(path))
+    assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_bad_tiles_file_stops_the_import(tmp_path):
+    path = tmp_path / "tiles.json"
+    path.write_text('{"tiles": {"half:64": {"forward": [64, 32]}}}')
+    res = _run(["-c", "import fairseq_dnas.attention.triton_flash"],
+               env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(path)))
+    assert res.returncode != 0 and "FAIRSEQ_DNAS_TRITON_TILES=" in res.stderr
+    assert "[64, 32] is not [BLOCK_M, BLOCK_N, warps]" in res.stderr
