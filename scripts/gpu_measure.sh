@@ -22,7 +22,6 @@ TESTS="${TESTS:-tests/test_triton.py tests/test_triton_tiles.py tests/test_kerne
 TILE_CASES="${TILE_CASES:-fp16:64}"          # cases scripts/triton_tiles.py times (the benchmark's head size 64)
 
 cd "$(dirname "$0")/.."
-mkdir -p "$OUT_DIR"
 for step in ${STEPS//,/ }; do
   case "$step" in tests|tiles|benchmark|tuned) ;; *)
     echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from tests,tiles,benchmark,tuned)" >&2
@@ -37,6 +36,7 @@ if not torch.cuda.is_available():
     sys.exit("gpu_measure.sh: torch sees no CUDA device; run it on a GPU machine")
 print(f"[gpu_measure] {torch.cuda.get_device_name()}, torch {torch.__version__}")
 PYCHECK
+mkdir -p "$OUT_DIR"
 
 if has_step tests; then
   echo "[gpu_measure] tests on the GPU: $TESTS"

@@ -106,15 +106,16 @@ def cubin_usage(binary):
 
 
 def parse_tile(text: str):
-    """KERNEL=BLOCK_M,BLOCK_N,WARPS (a GPU_TILES entry, e.g. forward=128,64,8)."""
+    """KERNEL=BLOCK_M,BLOCK_N,WARPS[,STAGES] (a GPU_TILES entry, e.g. forward=128,64,8)."""
     name, _, tile = text.partition("=")
     entries = set(GPU_ENTRIES)
     parts = tile.split(",")
-    if name not in entries or len(parts) != 3 or not all(x.isdigit() for x in parts):
+    if name not in entries or len(parts) not in (3, 4) or not all(x.isdigit() for x in parts):
         raise argparse.ArgumentTypeError(
-            f"--tiles takes KERNEL=BLOCK_M,BLOCK_N,WARPS with KERNEL one of {', '.join(sorted(entries))}, "
-            f"e.g. forward=128,64,8; got {text!r}")
-    return name, tuple(int(x) for x in parts)
+            f"--tiles takes KERNEL=BLOCK_M,BLOCK_N,WARPS[,STAGES] with KERNEL one of "
+            f"{', '.join(sorted(entries))}, e.g. forward=128,64,8; got {text!r}")
+    parts = [int(x) for x in parts]
+    return name, tuple(parts if len(parts) == 4 else parts + [F.STAGES])
 
 
 def parse_cases(text: str):
@@ -133,8 +134,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
                    help=f"DTYPE:HEAD_SIZE list (default {DEFAULT_CASES})")
-    p.add_argument("--tiles", type=parse_tile, action="append", default=[], metavar="KERNEL=M,N,WARPS",
-                   help="compile this tile instead of GPU_TILES' (repeatable)")
+    p.add_argument("--tiles", type=parse_tile, action="append", default=[],
+                   metavar="KERNEL=M,N,WARPS[,STAGES]", help="compile this tile instead of GPU_TILES' (repeatable)")
     p.add_argument("--no-report", action="store_true", help="only compile (no register report)")
     p.add_argument("--max-stack", type=int, default=64, metavar="BYTES",
                    help="exit 1 if a variant spills more than this (default 64: GPU_TILES' rule)")
@@ -148,17 +149,17 @@ def main(argv=None):
     kinds = {}
     for dtype, head in args.cases:
         for name, (kernel, tiles) in KERNELS.items():
-            bm, bn, warps = overrides.get(tiles) or F._tiles(tiles, head, DTYPES[dtype])
+            bm, bn, warps, stages = overrides.get(tiles) or F._tiles(tiles, head, DTYPES[dtype])
             for flags in variants(kernel):
                 c = dict(HAS_PAD=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=F._block_d(head),
                          PRECISION=F._precision(DTYPES[dtype]), **flags)
                 c = {k: v for k, v in c.items() if k in kernel.arg_names}
                 src = ASTSource(fn=kernel, signature=signature(kernel, dtype, c), constexprs=c)
-                binary = triton.compile(src, target=TARGET, options=dict(num_warps=warps, num_stages=F.STAGES))
+                binary = triton.compile(src, target=TARGET, options=dict(num_warps=warps, num_stages=stages))
                 compiled += 1
                 label = " ".join(f"{k}={int(v)}" for k, v in flags.items()) or "-"
                 if args.no_report:
-                    print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w {label}", flush=True)
+                    print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w/{stages}s {label}", flush=True)
                     continue
                 regs, stack, kind = cubin_usage(binary)
                 shared = binary.metadata.shared
@@ -166,7 +167,7 @@ def main(argv=None):
                 largest = max(largest, stack)
                 shared_max = max(shared_max, shared)
                 kinds[kind] = kinds.get(kind, 0) + 1
-                print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w {label}: {regs} registers, "
+                print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w/{stages}s {label}: {regs} registers, "
                       f"{stack} bytes of stack, {shared} bytes shared, {kind}", flush=True)
     if args.no_report:
         print(f"compiled {compiled} variants (Triton {triton.__version__})")

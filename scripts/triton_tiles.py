@@ -17,7 +17,8 @@ padding with lengths in [3T/4, T], --hidden 768 = heads x head size, DNAS and
 HNAS, attention dropout 0 and 0.1), candidates interleaved within each round
 so they see the same machine state; the score is the geometric mean over the
 workloads of the median time relative to the current tile. A candidate
-replaces it when faster by more than --min-gain. The forward kernels
+replaces it when faster by more than --min-gain; the winner's pipeline
+stages (1 to 4) are then timed the same way. The forward kernels
 (column, forward) are timed on the forward, the others on the backward
 (with --sinkhorn N > 1 also the Sinkhorn kernels, on N rounds). A candidate
 whose results differ from the current tile's by more than rounding is
@@ -47,7 +48,8 @@ from fairseq_dnas.attention import triton_flash as F  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HIDDEN = 768
-# Candidates per kernel (BLOCK_M queries, BLOCK_N keys, warps); the current tile is always one.
+# Candidates per kernel (BLOCK_M queries, BLOCK_N keys, warps), tried with F.STAGES pipeline
+# stages; the current tile is always one. The winner is then tried with STAGE_CANDIDATES.
 CANDIDATES = {
     "column": [(64, 64, 4), (64, 128, 8), (128, 64, 8), (128, 128, 8), (32, 128, 8)],
     "forward": [(64, 32, 4), (64, 64, 4), (64, 64, 8), (128, 32, 8), (128, 64, 8), (128, 16, 8)],
@@ -56,6 +58,7 @@ CANDIDATES = {
     "sinkhorn_reduce": [(64, 64, 4), (64, 128, 8), (128, 64, 8), (64, 32, 4)],
     "sinkhorn_ds": [(64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)],
 }
+STAGE_CANDIDATES = (1, 2, 3, 4)
 FORWARD_KERNELS = ("column", "forward")
 SINKHORN_KERNELS = ("sinkhorn_reduce", "sinkhorn_ds")
 
@@ -192,34 +195,50 @@ def time_candidates(kernel, table, candidates, inputs, rounds, device):
     return {t: (statistics.median(v) if isinstance(v, list) else v) for t, v in times.items()}
 
 
+def label(tile):
+    return "%dx%d/%dw/%ds" % tile
+
+
+def pick(args, kernel, table, candidates, loads, device, measured):
+    """Time ``candidates`` (the first is the current tile) on every workload;
+    set and return the fastest by the geometric mean of relative times."""
+    current = candidates[0]
+    per_load = {name: time_candidates(kernel, table, candidates, inputs, args.rounds, device)
+                for name, inputs in loads}
+    scores = {}
+    for tile in candidates:
+        ratios = [per_load[n][tile] / per_load[n][current] for n in per_load
+                  if isinstance(per_load[n][tile], float)]
+        if len(ratios) == len(per_load):  # timed on every workload
+            scores[tile] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    best = min(scores, key=scores.get)
+    if scores[best] > 1 - args.min_gain:
+        best = current
+    table[kernel] = best
+    log(f"  {kernel}: " + ", ".join(f"{label(t)} {scores[t]:.3f}x" if t in scores else f"{label(t)} -"
+                                    for t in candidates) + f" -> {label(best)}")
+    measured["steps"].append(dict(
+        baseline=label(current), chosen=label(best),
+        relative_time={label(t): round(v, 4) for t, v in scores.items()},
+        median_seconds={n: {label(t): s for t, s in v.items() if isinstance(s, float)} for n, v in per_load.items()},
+    ))
+    return best
+
+
 def tune_case(args, dtype_name, head, device, kernels):
     dtype = DTYPES[dtype_name]
     table = tile_table(dtype, head)
     loads = list(workloads(args, dtype, head, device))
     report = {}
     for kernel in kernels:
-        current = table[kernel]
-        candidates = [current] + [t for t in CANDIDATES[kernel] if t != current]
-        per_load = {}
-        for name, inputs in loads:
-            per_load[name] = time_candidates(kernel, table, candidates, inputs, args.rounds, device)
-        scores = {}
-        for tile in candidates:
-            ratios = [per_load[n][tile] / per_load[n][current] for n in per_load
-                      if isinstance(per_load[n][tile], float)]
-            if len(ratios) == len(per_load):  # timed on every workload
-                scores[tile] = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        best = min(scores, key=scores.get)
-        if scores[best] > 1 - args.min_gain:
-            best = current
-        table[kernel] = best
-        log(f"{dtype_name} d={head} {kernel}: " + ", ".join(
-            f"{'%dx%d/%dw' % t} {scores[t]:.3f}x" if t in scores else f"{'%dx%d/%dw' % t} -"
-            for t in candidates) + f" -> {'%dx%d/%dw' % best}")
-        report[kernel] = dict(tile=list(best), previous=list(current),
-                              relative_time={"%dx%d/%dw" % t: round(s, 4) for t, s in scores.items()},
-                              median_seconds={n: {"%dx%d/%dw" % t: s for t, s in v.items() if isinstance(s, float)}
-                                              for n, v in per_load.items()})
+        log(f"{dtype_name} d={head} {kernel}")
+        current = F._tiles(kernel, head, dtype)
+        measured = dict(previous=list(current), steps=[])  # step 1: tiles and warps, step 2: stages
+        tiles = [current] + [(*t, F.STAGES) for t in CANDIDATES[kernel] if (*t, F.STAGES) != current]
+        best = pick(args, kernel, table, tiles, loads, device, measured)
+        stages = [best] + [(*best[:3], s) for s in STAGE_CANDIDATES if s != best[3]]
+        best = pick(args, kernel, table, stages, loads, device, measured)
+        report[kernel] = dict(tile=list(best), **measured)
     return report
 
 

@@ -56,16 +56,23 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path):
     assert set(tiles) == {"column", "backward_kv"}
     for kernel in tiles:
         timed = data["measured"]["fp32:32"][kernel]
-        # the current tile and every candidate were timed on all 4 workloads
+        tiles_step, stages_step = timed["steps"]
+        # step 1: the current tile and every candidate, timed on all 4 workloads
         # (DNAS/HNAS x dropout 0/0.1) and checked against the current tile
-        assert len(timed["relative_time"]) == 1 + len(
-            [t for t in _candidates()[kernel] if list(t) != timed["previous"]])
-        assert timed["relative_time"]["%dx%d/%dw" % tuple(timed["previous"])] == 1.0
-        assert all(len(v) == len(timed["relative_time"]) for v in timed["median_seconds"].values())
-        assert len(timed["median_seconds"]) == 4
+        previous = tuple(timed["previous"])
+        expected = {previous} | {(*t, triton_flash.STAGES) for t in _candidates()[kernel]}
+        assert set(tiles_step["relative_time"]) == {"%dx%d/%dw/%ds" % t for t in expected}
+        assert tiles_step["relative_time"][tiles_step["baseline"]] == 1.0
+        assert tiles_step["baseline"] == "%dx%d/%dw/%ds" % previous
+        assert len(tiles_step["median_seconds"]) == 4
+        assert all(len(v) == len(expected) for v in tiles_step["median_seconds"].values())
+        # step 2: the winner with 1 to 4 pipeline stages
+        assert stages_step["baseline"] == tiles_step["chosen"]
+        assert len(stages_step["relative_time"]) == 4
         assert tiles[kernel] == timed["tile"]
+        assert stages_step["chosen"] == "%dx%d/%dw/%ds" % tuple(tiles[kernel])
     assert "REJECTED" not in res.stderr and "skipped" not in res.stderr
-    # the kernels take the file's tiles, and only those
+    # the kernels take the file's tiles (with their stages), and only those
     probe = ("from fairseq_dnas.attention import triton_flash as F; import json; "
              "print(json.dumps({k: list(v) for k, v in F.GPU_TILES['float32', 64].items()}))")
     res = _run(["-c", probe], env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(out)))
@@ -99,6 +106,7 @@ def test_tuner_refuses_bad_arguments(tmp_path):
     ('{"tiles": {"half:64": {"forwrd": [64, 32, 4]}}}', "unknown kernel 'forwrd'"),
     ('{"tiles": {"half:64": {"forward": [64, 48, 4]}}}', "blocks powers of two >= 16"),
     ('{"tiles": {"half:64": {"forward": [64, 32, 3]}}}', "warps 1, 2, 4, 8 or 16"),
+    ('{"tiles": {"half:64": {"forward": [64, 32, 4, 7]}}}', "stages 1 to 6"),
 ])
 def test_a_bad_tiles_file_says_what_to_fix(tmp_path, content, message):
     path = tmp_path / "tiles.json"
@@ -114,4 +122,4 @@ def test_a_bad_tiles_file_stops_the_import(tmp_path):
     res = _run(["-c", "import fairseq_dnas.attention.triton_flash"],
                env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(path)))
     assert res.returncode != 0 and "FAIRSEQ_DNAS_TRITON_TILES=" in res.stderr
-    assert "[64, 32] is not [BLOCK_M, BLOCK_N, warps]" in res.stderr
+    assert "[64, 32] is not [BLOCK_M, BLOCK_N, warps(, stages)]" in res.stderr

@@ -98,9 +98,10 @@ MAX_HEAD_DIM = 128
 # At head size 128 the kv pass has no wgmma tile within the bound (its three
 # (BLOCK_N, D) float32 accumulators: 240 bytes of spills and more), so it
 # stays on mma.sync. float32 (exact products by default: FMA, no tensor
-# cores) keeps the tiles with no spills at all. These are guesses until timed: scripts/triton_tiles.py
-# times candidates on a GPU and writes a file for FAIRSEQ_DNAS_TRITON_TILES
-# (below), which replaces any of these entries.
+# cores) keeps the tiles with no spills at all. These are guesses until
+# timed: scripts/triton_tiles.py times candidates on a GPU (also their
+# pipeline stages: a fourth number, STAGES when absent) and writes a file
+# for FAIRSEQ_DNAS_TRITON_TILES (below), which replaces any of these entries.
 # Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
 # sequences span several blocks and ragged tails.
 GPU_TILES = {
@@ -120,8 +121,9 @@ TILES_ENV = "FAIRSEQ_DNAS_TRITON_TILES"
 
 def read_tiles(path: str) -> dict:
     """Tiles from a JSON file (what scripts/triton_tiles.py writes):
-    {"tiles": {"half:64": {"forward": [128, 64, 8], ...}, "float32:128": ...}}.
-    Returns {(kind, head size): {kernel: (BLOCK_M, BLOCK_N, warps)}} with
+    {"tiles": {"half:64": {"forward": [128, 64, 8, 3], ...}, "float32:128": ...}}
+    (the fourth number, pipeline stages, may be left out: STAGES).
+    Returns {(kind, head size): {kernel: (BLOCK_M, BLOCK_N, warps[, stages])}} with
     only the entries the file names; raises ValueError saying what to fix."""
     import json
 
@@ -146,11 +148,12 @@ def read_tiles(path: str) -> dict:
         for kernel, tile in entry.items():
             if kernel not in GPU_TILES["half", 64]:
                 raise bad(f"unknown kernel {kernel!r} in {key!r} (known: {', '.join(GPU_TILES['half', 64])})")
-            ok = (isinstance(tile, list) and len(tile) == 3 and all(isinstance(x, int) for x in tile)
-                  and all(x >= 16 and x & (x - 1) == 0 for x in tile[:2]) and tile[2] in (1, 2, 4, 8, 16))
+            ok = (isinstance(tile, list) and len(tile) in (3, 4) and all(isinstance(x, int) for x in tile)
+                  and all(x >= 16 and x & (x - 1) == 0 for x in tile[:2]) and tile[2] in (1, 2, 4, 8, 16)
+                  and (len(tile) == 3 or 1 <= tile[3] <= 6))
             if not ok:
-                raise bad(f"{key!r} {kernel!r}: {tile!r} is not [BLOCK_M, BLOCK_N, warps] with "
-                          "blocks powers of two >= 16 and warps 1, 2, 4, 8 or 16")
+                raise bad(f"{key!r} {kernel!r}: {tile!r} is not [BLOCK_M, BLOCK_N, warps(, stages)] with "
+                          "blocks powers of two >= 16, warps 1, 2, 4, 8 or 16 and stages 1 to 6")
             table.setdefault((kind, int(head)), {})[kernel] = tuple(tile)
     return table
 
@@ -161,10 +164,14 @@ if os.environ.get(TILES_ENV):  # replace the entries the file names (e.g. tuned 
 
 
 def _tiles(kernel: str, d: int, dtype: torch.dtype):
+    """(BLOCK_M, BLOCK_N, warps, pipeline stages) of ``kernel``; an entry of
+    three gives STAGES stages (a tuned file may name its own)."""
     if INTERPRETED:
-        return INTERPRETER_TILES[kernel]
-    kind = "float32" if dtype == torch.float32 else "half"
-    return GPU_TILES[kind, 64 if d <= 64 else 128][kernel]
+        tile = INTERPRETER_TILES[kernel]
+    else:
+        kind = "float32" if dtype == torch.float32 else "half"
+        tile = GPU_TILES[kind, 64 if d <= 64 else 128][kernel]
+    return (*tile, STAGES) if len(tile) == 3 else tuple(tile)
 
 
 NEG_INIT = tl.constexpr(-1.0e30)  # start of running maxima: finite, so NEG_INIT - NEG_INIT = 0, never NaN
@@ -546,13 +553,13 @@ def lse_pass(rows: Tensor, over: Tensor, rows_pad: Optional[Tensor], over_pad: O
     ``out`` a contiguous float32 (B, H, T_rows)."""
     bsz, heads, t_rows, d = rows.shape
     t_over = over.shape[2]
-    bm, bn, warps = _tiles("column", d, rows.dtype)
+    bm, bn, warps, stages = _tiles("column", d, rows.dtype)
     _column_lse_kernel[(triton.cdiv(t_rows, bn), heads, bsz)](
         over, rows, out, out if bias is None else bias,
         *((over_pad, rows_pad) if over_pad is not None else (_pad_arg(None, rows),) * 2),
         *_strides(over), *_strides(rows), heads, t_over, t_rows, d,
         HAS_PAD=over_pad is not None, HAS_BIAS=bias is not None, PRECISION=_precision(rows.dtype),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=STAGES,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -570,7 +577,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     out = _output_buffer(q, v.dtype)
     o_d = _output_buffer(q, v.dtype) if hybrid else out
     qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
-    meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), BLOCK_D=_block_d(d), num_stages=STAGES)
+    meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), BLOCK_D=_block_d(d))
     if sinkhorn_iters == 1:
         pads = (kpad_arg, qpad_arg) if has_pad else (None, None)
         c = lse_pass(k, q, *pads, torch.empty((bsz, heads, tk), **f32))
@@ -580,12 +587,12 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
 
         normalizers = triton_sinkhorn.normalizers(q, k, qpad_arg, kpad_arg, has_pad, sinkhorn_iters)
         c = normalizers[0][-1]
-    bm, bn, warps = _tiles("forward", d, q.dtype)
+    bm, bn, warps, stages = _tiles("forward", d, q.dtype)
     _forward_kernel[(triton.cdiv(tq, bm), heads, bsz)](
         q, k, v, c, u if hybrid else c, seed, out, o_d, r_d, r_u, qpad_arg, kpad_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         heads, tq, tk, d, float(p_drop),
-        HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **meta,
+        HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
     )
     return out, o_d, c, r_d, r_u, normalizers
 
@@ -598,7 +605,7 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
     e_d = torch.empty((bsz, heads, tq), **f32)
     e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
     dc = torch.empty((bsz, heads, tk), **f32)
-    kv_m, kv_n, kv_warps = _tiles("backward_kv", d, q.dtype)
+    kv_m, kv_n, kv_warps, kv_stages = _tiles("backward_kv", d, q.dtype)
     n_kblocks = triton.cdiv(tk, kv_n)
     du_part = torch.empty((bsz, heads, n_kblocks), **f32) if hybrid else dc
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -606,23 +613,23 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
     u_arg = u if hybrid else c
     sinkhorn = normalizers is not None
     x_b = normalizers[1][-1] if sinkhorn else c  # b_{n-1}, the row bias of xi_n
-    meta = dict(HAS_PAD=has_pad, BLOCK_D=_block_d(d), num_stages=STAGES)
+    meta = dict(HAS_PAD=has_pad, BLOCK_D=_block_d(d))
     flags = dict(HYBRID=hybrid, DROPOUT=dropout, SINKHORN=sinkhorn, PRECISION=_precision(q.dtype), **meta)
-    bm, _, warps = _tiles("forward", d, q.dtype)
+    bm, _, warps, _ = _tiles("forward", d, q.dtype)
     _backward_preprocess_kernel[(triton.cdiv(tq, bm), heads, bsz)](
         out, o_d, do, u_arg, e_d, e_u, qpad_arg, *_strides(out), *_strides(do), heads, tq, d,
-        HYBRID=hybrid, BLOCK_M=bm, num_warps=warps, **meta,
+        HYBRID=hybrid, BLOCK_M=bm, num_warps=warps, num_stages=STAGES, **meta,  # no loop to pipeline
     )
     _backward_kv_kernel[(n_kblocks, heads, bsz)](
         q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dk, dv, dc, du_part, qpad_arg, kpad_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), heads, tq, tk, d, float(p_drop),
-        BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, **flags,
+        BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
     )
-    bm, bn, warps = _tiles("backward_q", d, q.dtype)
+    bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
     _backward_q_kernel[(triton.cdiv(tq, bm), heads, bsz)](
         q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, qpad_arg, kpad_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), heads, tq, tk, d, float(p_drop),
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **flags,
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags,
     )
     if sinkhorn:  # the chain through the earlier normalizers, added into dq and dk
         from fairseq_dnas.attention import triton_sinkhorn
@@ -715,7 +722,7 @@ def dropout_mask(seed: Tensor, shape: Tuple[int, int, int, int], p: float) -> Te
     and for anyone who wants to replay a dropout pattern."""
     bsz, heads, tq, tk = shape
     keep = torch.empty(shape, dtype=torch.int8, device=seed.device)
-    bm, bn, _ = _tiles("column", 64, torch.float16)
+    bm, bn, _, _ = _tiles("column", 64, torch.float16)
     grid = (triton.cdiv(tq, bm), triton.cdiv(tk, bn), bsz * heads)
     _dropout_mask_kernel[grid](seed, keep, tq, tk, float(p), BLOCK_M=bm, BLOCK_N=bn)
     return keep.bool()

@@ -46,7 +46,6 @@ import triton.language as tl
 from torch import Tensor
 
 from fairseq_dnas.attention.triton_flash import (
-    STAGES,
     _block_d,
     _load_tile,
     _precision,
@@ -157,12 +156,12 @@ def normalizers(q: Tensor, k: Tensor, qpad_arg: Tensor, kpad_arg: Tensor, has_pa
 def _bias_gradient(rows, cols, x, y, w, pad_rows, pad_cols, has_pad) -> Tensor:
     bsz, heads, t_rows, d = rows.shape
     out = torch.empty((bsz, heads, t_rows), dtype=torch.float32, device=rows.device)
-    bm, bn, warps = _tiles(REDUCE_TILES, d, rows.dtype)
+    bm, bn, warps, stages = _tiles(REDUCE_TILES, d, rows.dtype)
     _bias_gradient_kernel[(triton.cdiv(t_rows, bm), heads, bsz)](
         rows, cols, x, y, w, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols),
         heads, t_rows, cols.shape[2], d,
         HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_D=_block_d(d), num_warps=warps, num_stages=STAGES,
+        BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -170,12 +169,12 @@ def _bias_gradient(rows, cols, x, y, w, pad_rows, pad_cols, has_pad) -> Tensor:
 def _add_ds(rows, cols, xa, yb, wa, wb, out, pad_rows, pad_cols, has_pad) -> None:
     bsz, heads, t_rows, d = rows.shape
     stack = [torch.stack(x).contiguous() for x in (xa, yb, wa, wb)]
-    bm, bn, warps = _tiles(DS_TILES, d, rows.dtype)
+    bm, bn, warps, stages = _tiles(DS_TILES, d, rows.dtype)
     _normalizer_ds_kernel[(triton.cdiv(t_rows, bm), heads, bsz)](
         rows, cols, *stack, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols),
         heads, t_rows, cols.shape[2], d, len(xa), stack[0][0].numel(), stack[1][0].numel(),
         HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_D=_block_d(d), num_warps=warps, num_stages=STAGES,
+        BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
     )
 
 
