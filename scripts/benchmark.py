@@ -193,8 +193,9 @@ def triton_tiles():
         from fairseq_dnas.attention import triton_flash
     except ImportError:
         return None
-    return {"file": os.environ.get(triton_flash.TILES_ENV) or None,
-            "tiles": {f"{k}:{d}": {n: list(t) for n, t in e.items()} for (k, d), e in triton_flash.GPU_TILES.items()}}
+    tiles = {f"{kind}:{d}": {n: list(t) for n, t in entry.items()}
+             for (kind, d), entry in triton_flash.GPU_TILES.items()}
+    return {"file": os.environ.get(triton_flash.TILES_ENV) or None, "tiles": tiles}
 
 
 class CpuLoad:

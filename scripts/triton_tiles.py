@@ -23,11 +23,12 @@ stages (1 to 4) are then timed the same way. The forward kernels
 (with --sinkhorn N > 1 also the Sinkhorn kernels, on N rounds). A candidate
 whose results differ from the current tile's by more than rounding is
 rejected and reported; one that does not compile or launch (shared memory)
-is skipped.
+is skipped. If the current tile itself does not launch on this GPU, the
+first candidate that does takes its place as the baseline.
 
 Without CUDA it runs under Triton's interpreter (TRITON_INTERPRET=1, CPU
 tensors): the timings then mean nothing; tests use it to check the script.
-Exit status 0 on success, 1 if no case could be timed, 2 for bad arguments.
+Exit status 0 on success, 1 if no candidate of a kernel ran, 2 for bad arguments.
 """
 
 import argparse
@@ -115,14 +116,14 @@ def parse_args(argv):
         unknown = set(args.kernels.split(",")) - set(CANDIDATES)
         if unknown:
             p.error(f"unknown --kernels {sorted(unknown)}; choose from {', '.join(CANDIDATES)}")
+        if args.sinkhorn == 1 and set(args.kernels.split(",")) & set(SINKHORN_KERNELS):
+            p.error(f"--kernels {', '.join(SINKHORN_KERNELS)} run only with Sinkhorn rounds: add --sinkhorn 3")
     return args
 
 
 def tile_table(dtype, head):
     """The dict F._tiles reads for this case (the interpreter's own under TRITON_INTERPRET)."""
-    if F.INTERPRETED:
-        return F.INTERPRETER_TILES
-    return F.GPU_TILES["float32" if dtype == torch.float32 else "half", 64 if head <= 64 else 128]
+    return F.INTERPRETER_TILES if F.INTERPRETED else F.GPU_TILES[F.tile_case(head, dtype)]
 
 
 def workloads(args, dtype, head, device):
@@ -152,6 +153,10 @@ def runner(kernel, inputs):
     return lambda: F._backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers)[:3]
 
 
+def label(tile):
+    return "%dx%d/%dw/%ds" % tuple(tile)
+
+
 def synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -165,9 +170,9 @@ def close(a, b):
 
 def time_candidates(kernel, table, candidates, inputs, rounds, device):
     """Median seconds per candidate (None: did not compile/launch; 'wrong': results differ)."""
-    run = runner(kernel, inputs)
     current = table[kernel]
-    reference = run()
+    run = runner(kernel, inputs)
+    reference = None  # the results of the first candidate that runs (the current tile, if it launches here)
     times = {}
     for tile in candidates:
         table[kernel] = tile
@@ -175,13 +180,14 @@ def time_candidates(kernel, table, candidates, inputs, rounds, device):
             got = run()  # compiles this variant
             synchronize(device)
         except Exception as e:  # noqa: BLE001 - compile errors, out of shared memory: skip the tile
-            log(f"  {kernel} {tile}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            log(f"  {kernel} {label(tile)}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
             times[tile] = None
             continue
+        reference = got if reference is None else reference
         ok = all(close(a, b) for a, b in zip(got, reference) if a is not None and b is not None)
         times[tile] = [] if ok else "wrong"
         if not ok:
-            log(f"  {kernel} {tile}: REJECTED, results differ from {current}'s beyond rounding")
+            log(f"  {kernel} {label(tile)}: REJECTED, results differ from {label(candidates[0])}'s beyond rounding")
     live = [t for t in candidates if isinstance(times[t], list)]
     for _ in range(rounds):
         for tile in live:
@@ -195,16 +201,16 @@ def time_candidates(kernel, table, candidates, inputs, rounds, device):
     return {t: (statistics.median(v) if isinstance(v, list) else v) for t, v in times.items()}
 
 
-def label(tile):
-    return "%dx%d/%dw/%ds" % tile
-
-
 def pick(args, kernel, table, candidates, loads, device, measured):
     """Time ``candidates`` (the first is the current tile) on every workload;
-    set and return the fastest by the geometric mean of relative times."""
-    current = candidates[0]
+    set and return the fastest by the geometric mean of times relative to
+    the first candidate that ran on every workload."""
     per_load = {name: time_candidates(kernel, table, candidates, inputs, args.rounds, device)
                 for name, inputs in loads}
+    ran = [t for t in candidates if all(isinstance(v[t], float) for v in per_load.values())]
+    if not ran:
+        sys.exit(f"triton_tiles.py: no candidate tile of {kernel} ran on every workload (see the log above)")
+    current = ran[0]
     scores = {}
     for tile in candidates:
         ratios = [per_load[n][tile] / per_load[n][current] for n in per_load
@@ -257,13 +263,9 @@ def main(argv=None):
                                 sinkhorn=args.sinkhorn, min_gain=args.min_gain),
                   tiles={}, measured={})
     for dtype_name, head in args.cases:
-        kind = "float32" if dtype_name == "fp32" else "half"
-        key = f"{kind}:{64 if head <= 64 else 128}"
+        key = "%s:%d" % F.tile_case(head, DTYPES[dtype_name])
         result["measured"][f"{dtype_name}:{head}"] = report = tune_case(args, dtype_name, head, device, kernels)
         result["tiles"].setdefault(key, {}).update({k: r["tile"] for k, r in report.items()})
-    if not result["tiles"]:
-        log("nothing was timed")
-        return 1
     tmp = Path(args.json).with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, args.json)

@@ -82,18 +82,44 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path):
     assert got["forward"] == list(triton_flash.GPU_TILES["float32", 64]["forward"])
 
 
-def _candidates():
+def _tuner():
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     try:
         import triton_tiles
     finally:
         sys.path.pop(0)
-    return triton_tiles.CANDIDATES
+    return triton_tiles
+
+
+def _candidates():
+    return _tuner().CANDIDATES
+
+
+def test_a_current_tile_that_does_not_launch_gives_way(monkeypatch):
+    """On a GPU with less shared memory than an H100 the built-in tile may not
+    launch: the first candidate that runs everywhere becomes the baseline,
+    and a tile that failed on any workload is never chosen."""
+    tuner = _tuner()
+    current, fits, faster, flaky = (128, 128, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2)
+    times = {"a": {current: None, fits: 2.0, faster: 1.0, flaky: 0.5},
+             "b": {current: None, fits: 4.0, faster: 3.0, flaky: None}}
+    loads = [("a", "a"), ("b", "b")]  # (name, inputs): the fake timer takes the inputs as its key
+    monkeypatch.setattr(tuner, "time_candidates", lambda kernel, table, cands, inputs, *rest: times[inputs])
+    args = type("Args", (), dict(rounds=1, min_gain=0.02))
+    table, measured = {"forward": current}, dict(steps=[])
+    best = tuner.pick(args, "forward", table, [current, fits, faster, flaky], loads, None, measured)
+    assert best == faster and table["forward"] == faster
+    step = measured["steps"][0]
+    assert step["baseline"] == "64x64/4w/2s" and step["chosen"] == "64x32/4w/2s"
+    assert step["relative_time"] == {"64x64/4w/2s": 1.0, "64x32/4w/2s": round((0.5 * 0.75) ** 0.5, 4)}
 
 
 def test_tuner_refuses_bad_arguments(tmp_path):
     res, out = _tune(tmp_path, "--kernels", "forwrd")
     assert res.returncode == 2 and "unknown --kernels ['forwrd']" in res.stderr
+    assert not out.exists()
+    res, out = _tune(tmp_path, "--kernels", "sinkhorn_ds")
+    assert res.returncode == 2 and "add --sinkhorn 3" in res.stderr
     assert not out.exists()
     res = _run(["scripts/triton_tiles.py", "--cases", "fp16:48", "--json", str(out)])
     assert res.returncode == 2 and "head size 32, 64 or 128" in res.stderr

@@ -163,14 +163,15 @@ if os.environ.get(TILES_ENV):  # replace the entries the file names (e.g. tuned 
         GPU_TILES[_case].update(_entry)
 
 
+def tile_case(d: int, dtype: torch.dtype) -> Tuple[str, int]:
+    """The GPU_TILES key of head size d and an input dtype: ("half" or "float32", 64 or 128)."""
+    return ("float32" if dtype == torch.float32 else "half", 64 if d <= 64 else 128)
+
+
 def _tiles(kernel: str, d: int, dtype: torch.dtype):
     """(BLOCK_M, BLOCK_N, warps, pipeline stages) of ``kernel``; an entry of
     three gives STAGES stages (a tuned file may name its own)."""
-    if INTERPRETED:
-        tile = INTERPRETER_TILES[kernel]
-    else:
-        kind = "float32" if dtype == torch.float32 else "half"
-        tile = GPU_TILES[kind, 64 if d <= 64 else 128][kernel]
+    tile = INTERPRETER_TILES[kernel] if INTERPRETED else GPU_TILES[tile_case(d, dtype)][kernel]
     return (*tile, STAGES) if len(tile) == 3 else tuple(tile)
 
 
