@@ -1,4 +1,4 @@
-"""scripts/benchmark.py --quick runs end to end and writes sane JSON.
+"""benchmarks/benchmark.py --quick runs end to end and writes sane JSON.
 
 No timing is asserted (timings belong to the benchmark, not the tests): only
 that every section ran, ratios are finite and positive, the paths are the
@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import ROOT
 
-SCRIPT = os.path.join(ROOT, "scripts", "benchmark.py")
+SCRIPT = os.path.join(ROOT, "benchmarks", "benchmark.py")
 
 
 def _positive(x):
@@ -98,7 +98,7 @@ def test_cuda_without_a_gpu_is_refused():
 def test_peak_memory_counts_the_benchmark_device_not_the_gpu():
     """A CPU run on a GPU machine used to read the CUDA allocator's counters
     (peak memory 0 for CPU work): the device decides, not the machine."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import benchmark
 
     assert benchmark.DEVICE.type == "cpu"

@@ -1,5 +1,5 @@
 """The Triton kernels' tiles: every variant compiles for an H100, the tuner
-(scripts/triton_tiles.py) writes a file the kernels read, and a bad file is
+(benchmarks/triton_tiles.py) writes a file the kernels read, and a bad file is
 refused with a message that says what to fix.
 
 Without a GPU the tuner runs under Triton's interpreter (its timings mean
@@ -33,7 +33,7 @@ def test_kernels_compile_for_an_h100():
     rejects (e.g. a non-constexpr global), so this closes that gap; the
     script also reports spills, shared memory and wgmma (without --no-report)."""
     cases = "fp16:64,bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
-    res = _run(["scripts/triton_spills.py", "--no-report", "--cases", cases],
+    res = _run(["benchmarks/triton_spills.py", "--no-report", "--cases", cases],
                env=dict(TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1"), timeout=1200)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     # 7 kernels x (their flag combinations: 2, 4, 2, 8, 8, 1, 1) x 6 cases
@@ -43,7 +43,7 @@ def test_kernels_compile_for_an_h100():
 def _tune(tmp_path, *extra):
     out = tmp_path / "tiles.json"
     env = {} if torch.cuda.is_available() else dict(TRITON_INTERPRET="1")
-    res = _run(["scripts/triton_tiles.py", "--cases", "fp32:32", "--hidden", "32", "--lengths", "20",
+    res = _run(["benchmarks/triton_tiles.py", "--cases", "fp32:32", "--hidden", "32", "--lengths", "20",
                 "--tokens", "40", "--rounds", "1", "--json", str(out), *extra], env=env)
     return res, out
 
@@ -83,7 +83,7 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path):
 
 
 def _tuner():
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
         import triton_tiles
     finally:
@@ -121,7 +121,7 @@ def test_tuner_refuses_bad_arguments(tmp_path):
     res, out = _tune(tmp_path, "--kernels", "sinkhorn_ds")
     assert res.returncode == 2 and "add --sinkhorn 3" in res.stderr
     assert not out.exists()
-    res = _run(["scripts/triton_tiles.py", "--cases", "fp16:48", "--json", str(out)])
+    res = _run(["benchmarks/triton_tiles.py", "--cases", "fp16:48", "--json", str(out)])
     assert res.returncode == 2 and "head size 32, 64 or 128" in res.stderr
 
 
@@ -137,7 +137,7 @@ def test_tuner_refuses_bad_arguments(tmp_path):
 def test_a_bad_tiles_file_says_what_to_fix(tmp_path, content, message):
     path = tmp_path / "tiles.json"
     path.write_text(content)
-    with pytest.raises(ValueError, match="scripts/triton_tiles.py") as err:
+    with pytest.raises(ValueError, match="benchmarks/triton_tiles.py") as err:
         triton_flash.read_tiles(str(path))
     assert message in str(err.value) and str(path) in str(err.value)
 

@@ -55,7 +55,7 @@ PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
 
 # Longest sequence for which ``auto`` materializes the T x T probabilities
 # (override: FAIRSEQ_DNAS_DENSE_MAX_LEN). The ``crossover`` section of
-# scripts/benchmark.py (docs/performance.md; 2-core AMD EPYC, torch 2.13)
+# benchmarks/benchmark.py (docs/performance.md; 2-core AMD EPYC, torch 2.13)
 # found the dense path faster than the fused one at every length from 64 to
 # 512 positions (time x fairseq: DNAS 1.03-1.15 dense vs 1.16-1.28 fused, HNAS
 # 1.00-1.43 vs 1.26-1.82), but it keeps (B, H, T, T) tensors: past Gigaword's 128 source

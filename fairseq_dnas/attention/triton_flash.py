@@ -83,7 +83,7 @@ MAX_HEAD_DIM = 128
 # Tiles per kernel: (BLOCK_M queries, BLOCK_N keys, warps), by input kind
 # (half: float16/bfloat16; float32, whose exact products take far more
 # registers) and head size. Chosen without a GPU to time them, from what
-# ptxas makes of each tile for sm_90 (scripts/triton_spills.py prints it) in
+# ptxas makes of each tile for sm_90 (benchmarks/triton_spills.py prints it) in
 # every variant (HYBRID x DROPOUT x SINKHORN x HAS_BIAS, STAGES pipeline
 # stages) under Triton 3.6 (torch 2.11's, the lent H100's) and 3.9 (what CI
 # installs). The rule, in this order:
@@ -99,7 +99,7 @@ MAX_HEAD_DIM = 128
 # (BLOCK_N, D) float32 accumulators: 240 bytes of spills and more), so it
 # stays on mma.sync. float32 (exact products by default: FMA, no tensor
 # cores) keeps the tiles with no spills at all. These are guesses until
-# timed: scripts/triton_tiles.py times candidates on a GPU (also their
+# timed: benchmarks/triton_tiles.py times candidates on a GPU (also their
 # pipeline stages: a fourth number, STAGES when absent) and writes a file
 # for FAIRSEQ_DNAS_TRITON_TILES (below), which replaces any of these entries.
 # Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
@@ -120,7 +120,7 @@ TILES_ENV = "FAIRSEQ_DNAS_TRITON_TILES"
 
 
 def read_tiles(path: str) -> dict:
-    """Tiles from a JSON file (what scripts/triton_tiles.py writes):
+    """Tiles from a JSON file (what benchmarks/triton_tiles.py writes):
     {"tiles": {"half:64": {"forward": [128, 64, 8, 3], ...}, "float32:128": ...}}
     (the fourth number, pipeline stages, may be left out: STAGES).
     Returns {(kind, head size): {kernel: (BLOCK_M, BLOCK_N, warps[, stages])}} with
@@ -128,7 +128,7 @@ def read_tiles(path: str) -> dict:
     import json
 
     def bad(what):
-        return ValueError(f"{TILES_ENV}={path}: {what}. Write the file with scripts/triton_tiles.py, "
+        return ValueError(f"{TILES_ENV}={path}: {what}. Write the file with benchmarks/triton_tiles.py, "
                           "or unset the variable to use the built-in tiles.")
 
     try:

@@ -44,9 +44,9 @@ these sizes. With --device cuda, ``torch.cuda.max_memory_allocated`` is used
 instead (only then: a CPU run on a GPU machine still measures the CPU).
 
 Examples:
-    python scripts/benchmark.py --quick --json /tmp/bench.json     # CI, < 1 min
-    python scripts/benchmark.py --json bench-cpu.json               # about 30 min on 2 cores
-    python scripts/benchmark.py --device cuda --json bench-gpu.json # H100
+    python benchmarks/benchmark.py --quick --json /tmp/bench.json     # CI, < 1 min
+    python benchmarks/benchmark.py --json bench-cpu.json               # about 30 min on 2 cores
+    python benchmarks/benchmark.py --device cuda --json bench-gpu.json # H100
 
 Exit status 0 on success, 2 for bad arguments.
 """

@@ -47,7 +47,7 @@ torch 1.12.1 is one ~750 MB wheel from PyPI):
 
 Run (from the repository root; the plugin is taken from PYTHONPATH):
 
-    PYTHONPATH=$PWD $ENV/bin/python scripts/verify_fairseq_0122_fastpath.py
+    PYTHONPATH=$PWD $ENV/bin/python benchmarks/verify_fairseq_0122_fastpath.py
 
 Takes about 20 s on 2 CPU cores. Prints PASS/FAIL per check and a summary; exit
 code 0 when every check passes, 1 when one fails, 2 when the environment is

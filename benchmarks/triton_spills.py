@@ -14,15 +14,15 @@ the SASS (HGMMA: Hopper's warpgroup MMA, wgmma; HMMA: the older mma.sync,
 which Triton falls back to when a tile's M side is under 64 rows a
 warpgroup), shared memory from Triton's metadata.
 
-    python scripts/triton_spills.py                         # fp16/bf16/fp32 x head size 64/128
-    python scripts/triton_spills.py --cases fp16:64 --no-report
-    python scripts/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
+    python benchmarks/triton_spills.py                         # fp16/bf16/fp32 x head size 64/128
+    python benchmarks/triton_spills.py --cases fp16:64 --no-report
+    python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
 
 Prints one line per kernel, tile and variant (HYBRID, DROPOUT, SINKHORN,
 HAS_BIAS flags), then "compiled N variants, ..."; exits 1 if a variant
 spills more than --max-stack bytes, takes more than --max-shared bytes of
 shared memory, or does not compile. All of it depends on the Triton version;
-timing on a GPU (scripts/triton_tiles.py, scripts/benchmark.py --device
+timing on a GPU (benchmarks/triton_tiles.py, benchmarks/benchmark.py --device
 cuda) decides in the end.
 """
 

@@ -8,8 +8,8 @@
 # minutes a command, so there run one step a call (STEPS=tests, then tiles,
 # then benchmark, then tuned; see ../shared/docs/gpu.md for the rest).
 #
-#   bash scripts/gpu_measure.sh                       # after scripts/install.sh (TORCH_SPEC=torch)
-#   STEPS=tiles OUT_DIR=$OUT bash scripts/gpu_measure.sh
+#   bash benchmarks/gpu_measure.sh                       # after scripts/install.sh (TORCH_SPEC=torch)
+#   STEPS=tiles OUT_DIR=$OUT bash benchmarks/gpu_measure.sh
 #
 # Safe to re-run: every output is rewritten (the JSON files through temporary files).
 set -euo pipefail
@@ -19,7 +19,7 @@ OUT_DIR="${OUT_DIR:-gpu-results}"            # where the logs and results go
 STEPS="${STEPS:-tests,tiles,benchmark,tuned}" # any of these, comma-separated, run in this order
 SECTIONS="${SECTIONS:-module,model,generate}" # benchmark sections (crossover: dense vs triton)
 TESTS="${TESTS:-tests/test_triton.py tests/test_triton_tiles.py tests/test_kernels.py}"
-TILE_CASES="${TILE_CASES:-fp16:64}"          # cases scripts/triton_tiles.py times (the benchmark's head size 64)
+TILE_CASES="${TILE_CASES:-fp16:64}"          # cases benchmarks/triton_tiles.py times (the benchmark's head size 64)
 
 cd "$(dirname "$0")/.."
 for step in ${STEPS//,/ }; do
@@ -45,12 +45,12 @@ if has_step tests; then
 fi
 if has_step tiles; then
   echo "[gpu_measure] tile timings: $TILE_CASES"
-  "$PYTHON" scripts/triton_tiles.py --cases "$TILE_CASES" --json "$OUT_DIR/tiles.json" 2>&1 \
+  "$PYTHON" benchmarks/triton_tiles.py --cases "$TILE_CASES" --json "$OUT_DIR/tiles.json" 2>&1 \
     | tee "$OUT_DIR/tiles.log"
 fi
 if has_step benchmark; then
   echo "[gpu_measure] benchmark (built-in tiles): $SECTIONS"
-  PYTHONUNBUFFERED=1 "$PYTHON" scripts/benchmark.py --device cuda --sections "$SECTIONS" \
+  PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py --device cuda --sections "$SECTIONS" \
     --json "$OUT_DIR/gpu.json" --markdown "$OUT_DIR/gpu.md" 2>&1 | tee "$OUT_DIR/benchmark.log"
 fi
 if has_step tuned; then
@@ -59,7 +59,7 @@ if has_step tuned; then
     exit 1
   fi
   echo "[gpu_measure] module benchmark with the timed tiles ($OUT_DIR/tiles.json)"
-  FAIRSEQ_DNAS_TRITON_TILES="$OUT_DIR/tiles.json" PYTHONUNBUFFERED=1 "$PYTHON" scripts/benchmark.py \
+  FAIRSEQ_DNAS_TRITON_TILES="$OUT_DIR/tiles.json" PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py \
     --device cuda --sections module --json "$OUT_DIR/tuned.json" --markdown "$OUT_DIR/tuned.md" 2>&1 \
     | tee "$OUT_DIR/tuned.log"
 fi

@@ -3,11 +3,11 @@
 JSON file for ``FAIRSEQ_DNAS_TRITON_TILES``.
 
 ``GPU_TILES`` in ``fairseq_dnas/attention/triton_flash.py`` were chosen for
-an H100 from what the compiler makes of each tile (scripts/triton_spills.py),
+an H100 from what the compiler makes of each tile (benchmarks/triton_spills.py),
 not from timings; other GPUs want other tiles. This script decides by time:
 
-    python scripts/triton_tiles.py --json tiles.json                 # fp16, head size 64
-    python scripts/triton_tiles.py --cases fp16:64,bf16:128 --sinkhorn 3 --json tiles.json
+    python benchmarks/triton_tiles.py --json tiles.json                 # fp16, head size 64
+    python benchmarks/triton_tiles.py --cases fp16:64,bf16:128 --sinkhorn 3 --json tiles.json
     FAIRSEQ_DNAS_TRITON_TILES=tiles.json fairseq-train ...          # use them
 
 For each case (dtype:head size) it tunes one kernel at a time, starting from
