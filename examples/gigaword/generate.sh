@@ -30,7 +30,7 @@ DEVICE="${DEVICE:-auto}"                   # gpu | cpu | auto
 SCORE="${SCORE:-1}"                        # 1: ROUGE against the reference
 LABEL="${LABEL:-}"                         # name stored in the ROUGE JSON (e.g. the architecture)
 
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../common.sh"
 check_python
 [ -n "$CHECKPOINT" ] || die "set CHECKPOINT to a checkpoint from train.sh"
 [ -f "$CHECKPOINT" ] || die "no checkpoint at CHECKPOINT=$CHECKPOINT"

@@ -33,7 +33,7 @@ DECONTAMINATE="${DECONTAMINATE:-1}"        # 1: drop training pairs whose articl
 WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 DOWNLOAD_URL="${DOWNLOAD_URL:-}"           # with 'download': another URL of summary.tar.gz (a mirror)
 
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../common.sh"
 
 SUMDATA="${1:-}"
 OUT="${2:-}"

@@ -28,7 +28,7 @@ MAX_UPDATE="${MAX_UPDATE:-1500}"
 SHOW="${SHOW:-5}"                           # examples printed at the end
 DEVICE="${DEVICE:-auto}"
 
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../common.sh"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 check_python
 mkdir -p "$WORK_DIR"

@@ -37,7 +37,7 @@ RUN_WRAPPER="${RUN_WRAPPER:-}"              # prefix for each job, e.g. "flock /
 SIZE="${SIZE:-paper}"; PRESET="${PRESET:-fast}"
 export SIZE PRESET
 
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../common.sh"
 check_python
 HERE="$(cd "$(dirname "$0")" && pwd)"
 [ -f "$DATA_DIR/bin/dict.article.txt" ] || die "no prepared data in DATA_DIR=$DATA_DIR (run prepare.sh)"

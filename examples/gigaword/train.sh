@@ -44,7 +44,7 @@ LOG_INTERVAL="${LOG_INTERVAL:-100}"
 DRY_RUN="${DRY_RUN:-0}"                     # 1: print the command and stop
 CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"  # CPU mode: threads shared by the processes
 
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../common.sh"
 check_python
 [ -f "$DATA/dict.article.txt" ] || die "no binarized data in DATA=$DATA (run prepare.sh, then point DATA at OUT_DIR/bin)"
 

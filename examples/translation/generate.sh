@@ -29,7 +29,7 @@ DEVICE="${DEVICE:-auto}"                   # gpu | cpu | auto
 SCORE="${SCORE:-1}"                        # 1: BLEU and chrF against DATA/text/SUBSET.TGT
 LABEL="${LABEL:-}"                         # name stored in the BLEU JSON (e.g. the architecture)
 
-source "$(dirname "$0")/../gigaword/common.sh"
+source "$(dirname "$0")/../common.sh"
 check_python
 [ -n "$CHECKPOINT" ] || die "set CHECKPOINT to a checkpoint from train.sh"
 [ -f "$CHECKPOINT" ] || die "no checkpoint at CHECKPOINT=$CHECKPOINT"

@@ -31,7 +31,7 @@ MAX_VALID_PAIRS="${MAX_VALID_PAIRS:-0}"     # first N validation pairs (0: all)
 MAX_TEST_PAIRS="${MAX_TEST_PAIRS:-0}"       # first N pairs of each test set (0: all)
 WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 
-source "$(dirname "$0")/../gigaword/common.sh"
+source "$(dirname "$0")/../common.sh"
 
 OUT="${1:-}"
 [ -n "$OUT" ] || die "usage: prepare.sh OUT_DIR (set MULTI30K_DIR, or TRAIN_PREFIX, VALID_PREFIX and TEST_PREFIXES; see the top of $0)"

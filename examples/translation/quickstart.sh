@@ -25,7 +25,7 @@ LR="${LR:-2e-3}"
 SHOW="${SHOW:-3}"                           # examples printed at the end
 DEVICE="${DEVICE:-auto}"
 
-source "$(dirname "$0")/../gigaword/common.sh"
+source "$(dirname "$0")/../common.sh"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 check_python
 [ -n "$MULTI30K_DIR" ] || die "set MULTI30K_DIR to the Multi30k folder (e.g. ../shared/data/multi30k)"

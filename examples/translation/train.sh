@@ -41,7 +41,7 @@ CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"  # CPU mode: thread
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
 DRY_RUN="${DRY_RUN:-0}"                     # 1: print the command and stop
 
-source "$(dirname "$0")/../gigaword/common.sh"
+source "$(dirname "$0")/../common.sh"
 check_python
 [ -f "$DATA/dict.$SRC.txt" ] || die "no binarized data in DATA=$DATA (run prepare.sh, then point DATA at OUT_DIR/bin)"
 

@@ -1,4 +1,4 @@
-# Shared by the Gigaword scripts (sourced, not run).
+# Shared by the recipes under examples/ (sourced, not run).
 #
 # Which Python runs everything: $PYTHON if set, else the repository's .venv
 # (what scripts/install.sh makes), else python3 from PATH. PYTHON may be a
@@ -7,7 +7,7 @@
 # python -m torch.distributed.run for torchrun), so no console script from
 # another environment can sneak in.
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then
     PYTHON="$REPO/.venv/bin/python"
