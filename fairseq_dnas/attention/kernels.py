@@ -31,6 +31,21 @@ against the float64 reference, forward and gradients):
   ``fused`` for long sequences. Sinkhorn iterations > 1: ``triton`` on CUDA,
   else ``materialized``.
 
+The fallback (``auto`` only): where the kernels cannot compile or launch, or
+where the first-use check (``selfcheck.py``: the first call of each
+configuration in a process compares them with the float64 math, forward and
+gradients) finds them wrong, ``auto`` takes for that configuration what it
+takes on CPU (``fallback_path``: ``materialized`` for Sinkhorn iterations > 1,
+``dense`` for short sequences, dropout and ``need_weights``, ``blockwise`` for
+long ones; ``flash`` never applies to CUDA tensors), with one
+``selfcheck.TritonFallbackWarning`` per configuration naming it and the
+reason. A forced ``triton`` (argument or environment) is never checked and
+never falls back: its failures are errors. A failure in the backward of a real
+call cannot be rerouted and raises; the first-use check runs the backward
+kernels, so such failures are caught before the first real step (see
+``selfcheck.py``). ``FAIRSEQ_DNAS_TRITON_CHECK=0`` turns the check off (the
+fallback on compile/launch errors stays).
+
 'unas' always runs ``materialized`` here: the fairseq module never calls
 ``attend`` for it (it hands UNAS to fairseq's own attention).
 
@@ -46,7 +61,7 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
-from fairseq_dnas.attention import primitives
+from fairseq_dnas.attention import primitives, selfcheck
 from fairseq_dnas.attention.dense import dense_probs
 from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
 
@@ -131,6 +146,30 @@ def dropout_active(dropout: Optional[Callable[[Tensor], Tensor]]) -> bool:
     return bool(getattr(dropout, "training", True) or getattr(dropout, "apply_during_inference", False))
 
 
+def requested_path(path: Optional[str] = None) -> str:
+    """``path``, else ``FAIRSEQ_DNAS_ATTENTION_PATH``, else 'auto'; checked."""
+    requested = path or os.environ.get(PATH_ENV) or "auto"
+    if requested not in PATHS:
+        raise ValueError(
+            f"unknown attention path {requested!r} (argument path= or ${PATH_ENV}); "
+            f"choose one of {', '.join(PATHS)}"
+        )
+    return requested
+
+
+def fallback_path(q: Tensor, *, sinkhorn_iters: int = 1, needs_probs: bool = False) -> str:
+    """What ``auto`` takes where the Triton kernels do not run (CPU tensors,
+    and CUDA configurations the kernels failed): 'materialized' for Sinkhorn
+    iterations > 1; 'dense' up to ``DENSE_MAX_LEN`` positions and whenever the
+    probabilities are needed (dropout, need_weights); beyond that 'flash'
+    where PyTorch's CPU kernels apply (CPU float32/64), else 'blockwise'."""
+    if sinkhorn_iters > 1:
+        return "materialized"
+    if needs_probs or q.shape[-2] <= DENSE_MAX_LEN:
+        return "dense"
+    return "flash" if primitives.FlashCPU.supports(q) else "blockwise"
+
+
 def choose_path(
     q: Tensor,
     *,
@@ -144,23 +183,14 @@ def choose_path(
     ``path`` None reads ``FAIRSEQ_DNAS_ATTENTION_PATH`` (default 'auto'). A
     forced path that cannot run these settings raises ValueError saying why.
     """
-    requested = path or os.environ.get(PATH_ENV) or "auto"
-    if requested not in PATHS:
-        raise ValueError(
-            f"unknown attention path {requested!r} (argument path= or ${PATH_ENV}); "
-            f"choose one of {', '.join(PATHS)}"
-        )
+    requested = requested_path(path)
     if requested == "materialized":
         return requested
     needs_probs = need_weights or dropout
     if requested == "auto":
         if q.device.type == "cuda" and not need_weights and triton_problem(q) is None:
             return "triton"
-        if sinkhorn_iters > 1:
-            return "materialized"
-        if needs_probs or q.shape[-2] <= DENSE_MAX_LEN:
-            return "dense"
-        requested = "fused"
+        return fallback_path(q, sinkhorn_iters=sinkhorn_iters, needs_probs=needs_probs)
     if requested == "triton":
         problem = triton_problem(q)
         if problem is not None:
@@ -219,6 +249,8 @@ def attend(
     before ``@ V``, as fairseq does. ``path`` picks the execution path (see the
     module docstring); all paths give the same result.
     """
+    if scheme == "hnas":
+        _check_hybrid_weight_given(hybrid_weight, q.shape[1])
     pad = None if padding_mask is None else padding_mask.bool()
     qpad = pad if query_padding_mask is None else query_padding_mask.bool()
     if query_padding_mask is None and pad is not None and q.shape[-2] != k.shape[-2]:
@@ -238,7 +270,14 @@ def attend(
         # only reached by direct callers (tests, benchmarks): the reference math.
         chosen = "materialized"
     if chosen == "triton":
-        return _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters)
+        args = (q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters)
+        if requested_path(path) == "triton":  # forced: no check, no fallback
+            return _attend_triton(*args)
+        result = _attend_triton_checked(*args)
+        if result is not None:
+            return result
+        chosen = fallback_path(q, sinkhorn_iters=sinkhorn_iters,
+                               needs_probs=need_weights or dropout_active(dropout))
     if chosen in ("flash", "blockwise"):
         prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
         if scheme == "dnas":
@@ -257,15 +296,53 @@ def attend(
     return out, (probs if need_weights else None)
 
 
-def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters=1):
-    from fairseq_dnas.attention import triton_flash  # imports triton: only when chosen
+def _check_hybrid_weight_given(hybrid_weight: Optional[Tensor], heads: int) -> None:
+    """HNAS needs u: without it some paths would run DNAS (the Triton kernels
+    take u=None for DNAS). Shape only: checking the values would wait for the GPU."""
+    if hybrid_weight is None:
+        raise ValueError(
+            "scheme 'hnas' needs hybrid_weight, the weight u of DNAS per head: pass hybrid_weight= "
+            f"a tensor of shape (H,) = ({heads},) with values in [0, 1] (the module's hybrid_weight), "
+            "or use scheme='dnas'"
+        )
+    if not torch.is_tensor(hybrid_weight) or tuple(hybrid_weight.shape) != (heads,):
+        got = tuple(hybrid_weight.shape) if torch.is_tensor(hybrid_weight) else type(hybrid_weight).__name__
+        raise ValueError(f"hybrid_weight must be a tensor of shape (H,) = ({heads},); got {got}")
 
+
+def _triton_dropout_p(dropout) -> float:
     p = dropout_p(dropout)
     if p is None:
         raise ValueError(
             "attention path 'triton' applies dropout inside its kernels and needs its "
             "probability: pass a dropout module with a `p` attribute (fairseq's FairseqDropout)"
         )
+    return p
+
+
+def _attend_triton_checked(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters):
+    """``_attend_triton`` on the ``auto`` path: None where the kernels are off
+    for this configuration (the first-use check failed now or before), or
+    where they cannot compile or launch now (then off from here on)."""
+    p = _triton_dropout_p(dropout)  # a caller's error, not the kernels': raised
+    config = selfcheck.config_of(q, scheme, padding=pad is not None or qpad is not None, dropout=p > 0,
+                                 sinkhorn_iters=sinkhorn_iters)
+    if not selfcheck.triton_usable(config):
+        return None
+    try:
+        return _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters)
+    except torch.cuda.OutOfMemoryError:
+        raise  # the fallback needs more memory, not less
+    except Exception as e:  # noqa: BLE001 (triton's compile and launch errors have no common base class)
+        selfcheck.disable(config, f"the kernels could not compile or launch ({type(e).__name__}: "
+                                  f"{selfcheck.first_line(e)})")
+        return None
+
+
+def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters=1):
+    from fairseq_dnas.attention import triton_flash  # imports triton: only when chosen
+
+    p = _triton_dropout_p(dropout)
     out = triton_flash.triton_attention(
         q, k, v,
         hybrid_weight=hybrid_weight if scheme == "hnas" else None,
