@@ -292,3 +292,14 @@ def test_dense_falls_back_to_log_domain_for_an_explained_away_query(scheme, monk
     assert calls, "the log-domain fallback did not run"
     ref = _reference_output(q.double(), k.double(), v, scheme, mask, u)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("path", ["auto", *PATHS, "fused", "triton"])
+def test_hnas_without_a_hybrid_weight_is_an_error_on_every_path(path):
+    """Without u, HNAS is undefined; the Triton kernels would have run DNAS
+    (they take u=None for DNAS). Every path refuses, saying what to pass."""
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match=r"scheme 'hnas' needs hybrid_weight.*shape \(H,\) = \(4,\)"):
+        attend(q, k, v, scheme="hnas", hybrid_weight=None, path=path)
+    with pytest.raises(ValueError, match=r"hybrid_weight must be a tensor of shape \(H,\) = \(4,\); got \(3,\)"):
+        attend(q, k, v, scheme="hnas", hybrid_weight=_u(heads=3), path=path)

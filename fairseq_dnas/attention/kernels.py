@@ -67,6 +67,9 @@ from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
 
 PATHS = ("auto", "materialized", "dense", "flash", "blockwise", "fused", "triton")
 PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
+# Device types on which ``auto`` takes the Triton kernels. Tests add "cpu" to
+# drive the auto path (its first-use check and fallback) under Triton's interpreter.
+AUTO_TRITON_DEVICES = ("cuda",)
 
 # Longest sequence for which ``auto`` materializes the T x T probabilities
 # (override: FAIRSEQ_DNAS_DENSE_MAX_LEN). The ``crossover`` section of
@@ -188,7 +191,7 @@ def choose_path(
         return requested
     needs_probs = need_weights or dropout
     if requested == "auto":
-        if q.device.type == "cuda" and not need_weights and triton_problem(q) is None:
+        if q.device.type in AUTO_TRITON_DEVICES and not need_weights and triton_problem(q) is None:
             return "triton"
         return fallback_path(q, sinkhorn_iters=sinkhorn_iters, needs_probs=needs_probs)
     if requested == "triton":
