@@ -142,7 +142,8 @@ def test_disagreeing_kernels_warn_once_and_fall_back(scheme, monkeypatch):
         out2, _ = _attend(scheme)
     (message,) = rec.fallbacks()
     assert "output max abs error 0.1 > tolerance 1e-05" in message
-    assert f"{scheme} float32 head size 16 dropout off sinkhorn_iters 1 padding on on {DEVICE}" in message
+    assert f"{scheme} float32, head size 16, dropout off, sinkhorn_iters 1, padding on, {DEVICE}" in message
+    assert "runs the same " + scheme.upper() in message
     assert len(calls) == 1 and len(dense) == 2  # only the check ran the kernels
     ref = _reference(*inputs, scheme)  # still DNAS/HNAS, not softmax
     torch.testing.assert_close(out.double().cpu(), ref, atol=1e-5, rtol=0)
@@ -172,7 +173,7 @@ def test_only_the_failing_configuration_falls_back(monkeypatch):
         _attend("dnas")
         _attend("hnas")
         _attend("dnas")
-    assert len(rec.fallbacks()) == 1 and "hnas float32" in rec.fallbacks()[0]
+    assert len(rec.fallbacks()) == 1 and "hnas float32," in rec.fallbacks()[0]
     assert calls == [False, True, True, True]  # hnas: check only; dnas: check, call, call
 
 
@@ -278,3 +279,15 @@ def test_the_fairseq_module_falls_back_to_the_same_scheme(monkeypatch):
     real = ~mask.T.cpu()
     ref = reference_self_attention(m.cpu(), x.cpu(), mask.cpu())
     torch.testing.assert_close(out.detach().double().cpu()[real], ref[real], atol=1e-5, rtol=0)
+
+
+def test_the_check_leaves_torchs_random_state_alone():
+    """fairseq seeds its runs: the check draws from a private generator and a
+    fixed dropout seed, so a run is the same with and without it."""
+    config = selfcheck.Config(DEVICE, torch.float32, 16, "dnas", True, 1, True)
+    cpu_state = torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state() if DEVICE == "cuda" else None
+    assert selfcheck.compare(config, **selfcheck.INTERPRETER_SIZES).ok
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    if cuda_state is not None:
+        assert torch.equal(torch.cuda.get_rng_state(), cuda_state)

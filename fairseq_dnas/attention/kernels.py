@@ -304,8 +304,8 @@ def _check_hybrid_weight_given(hybrid_weight: Optional[Tensor], heads: int) -> N
     take u=None for DNAS). Shape only: checking the values would wait for the GPU."""
     if hybrid_weight is None:
         raise ValueError(
-            "scheme 'hnas' needs hybrid_weight, the weight u of DNAS per head: pass hybrid_weight= "
-            f"a tensor of shape (H,) = ({heads},) with values in [0, 1] (the module's hybrid_weight), "
+            f"scheme 'hnas' needs hybrid_weight: pass a tensor of shape (H,) = ({heads},) with values "
+            "in [0, 1], the weight u of DNAS per head (DNASMultiheadAttention passes its hybrid_weight), "
             "or use scheme='dnas'"
         )
     if not torch.is_tensor(hybrid_weight) or tuple(hybrid_weight.shape) != (heads,):

@@ -77,9 +77,8 @@ class Config:
         dtype = str(self.dtype).replace("torch.", "")
         if self.dtype == torch.float32 and self.tf32:
             dtype += " (TF32)"
-        return (f"{self.scheme} {dtype} head size {self.head_dim} dropout {'on' if self.dropout else 'off'} "
-                f"sinkhorn_iters {self.sinkhorn_iters} padding {'on' if self.padding else 'off'} "
-                f"on {self.device}")
+        return (f"{self.scheme} {dtype}, head size {self.head_dim}, dropout {'on' if self.dropout else 'off'}, "
+                f"sinkhorn_iters {self.sinkhorn_iters}, padding {'on' if self.padding else 'off'}, {self.device}")
 
 
 def config_of(q: Tensor, scheme: str, *, padding: bool, dropout: bool, sinkhorn_iters: int) -> Config:
@@ -255,24 +254,26 @@ def triton_usable(config: Config) -> bool:
     if result.ok:
         _verdicts[config] = ""
         return True
-    disable(config, result.reason())
+    disable(config, result.reason(), stacklevel=5)
     return False
 
 
-def disable(config: Config, reason: str) -> None:
+def disable(config: Config, reason: str, stacklevel: int = 4) -> None:
     """Switch the kernels off for ``config`` for the rest of the process, with
-    one warning (a configuration is disabled at most once)."""
+    one warning (a configuration is disabled at most once); ``stacklevel``
+    points it at the caller of ``kernels.attend``."""
     if _verdicts.get(config):
         return
     _verdicts[config] = reason
+    paths = "'materialized'" if config.sinkhorn_iters > 1 else "'dense' (short inputs, dropout) or 'blockwise'"
     warnings.warn(
         f"fairseq_dnas: Triton attention kernels switched off for {config.describe()}: {reason}. "
-        f"This configuration runs the same {config.scheme.upper()} attention on the paths 'auto' takes "
-        f"without Triton (dense or blockwise; slower, more memory) for the rest of the process. "
+        f"This configuration runs the same {config.scheme.upper()} attention on the path 'auto' takes "
+        f"without Triton ({paths}; slower, more memory) for the rest of the process. "
         f"`python -m fairseq_dnas.check` prints a full report; FAIRSEQ_DNAS_ATTENTION_PATH=triton "
         f"makes this an error, {CHECK_ENV}=0 skips the first-use check.",
         TritonFallbackWarning,
-        stacklevel=4,
+        stacklevel=stacklevel,
     )
 
 
