@@ -225,18 +225,26 @@ def test_the_check_can_be_switched_off(monkeypatch):
         _attend("dnas")
 
 
-@pytest.mark.parametrize("how", ["argument", "environment"])
-def test_forced_triton_keeps_failures_errors(how, monkeypatch):
-    path = "triton" if how == "argument" else None
+def _force(how, monkeypatch):
     if how == "environment":
         monkeypatch.setenv(kernels.PATH_ENV, "triton")
+        return None
+    return "triton"
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_forced_triton_keeps_failures_errors(how, monkeypatch):
+    path = _force(how, monkeypatch)
     _spy(monkeypatch, error=RuntimeError("out of resource: shared memory"))
     with _Record() as rec:
         with pytest.raises(RuntimeError, match="out of resource"):
             _attend("dnas", path=path)
-    monkeypatch.undo()
-    if how == "environment":
-        monkeypatch.setenv(kernels.PATH_ENV, "triton")
+    assert rec.fallbacks() == []
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_forced_triton_is_not_checked(how, monkeypatch):
+    path = _force(how, monkeypatch)
     calls = _spy(monkeypatch, shift=0.1)
     with _Record() as rec:
         out, inputs = _attend("dnas", path=path)  # forced: not checked either
