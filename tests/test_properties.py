@@ -11,10 +11,12 @@ are exactly 0, no NaN or inf in the output or the gradients, Theorem 2, and
 equality with the float64 reference (tests/reference.py).
 
 Cost and determinism: a fixed number of examples per test, derandomized
-unless HYPOTHESIS_PROFILE=explore. Settings (environment):
-  FAIRSEQ_DNAS_PROPERTY_EXAMPLES        examples per test (default 15)
+unless HYPOTHESIS_PROFILE=explore. Each test runs in two tiers
+(docs/testing.md): the default tier on 5 examples (2 for 'triton'), the
+``full`` tier (pytest --full) on 15 (4 for 'triton'); the same checks, the
+full tier on more cases. Settings (environment), for both tiers:
+  FAIRSEQ_DNAS_PROPERTY_EXAMPLES        examples per test
   FAIRSEQ_DNAS_PROPERTY_EXAMPLES_<PATH> examples for one path, e.g. _TRITON=20
-                                        (default: 4 for 'triton', slow on CPU)
   HYPOTHESIS_PROFILE=explore            random (not derandomized) search, for
                                         developers hunting for new failures
 Each test prints how many cases it ran (pytest -s shows them).
@@ -51,21 +53,24 @@ MAX_LEN = 300
 F32_EPS = 2.0 ** -24  # every path computes in float32 or better
 
 
-# Paths that are slow on CPU get fewer examples by default: the Triton kernels
-# run under TRITON_INTERPRET=1 there, one Python call per program instance.
-SLOW_PATH_EXAMPLES = {"triton": 4}
+# Examples per test in each tier. Paths that are slow on CPU get fewer: the
+# Triton kernels run under TRITON_INTERPRET=1 there, one Python call per
+# program instance.
+EXAMPLES = {"default": 5, "full": 15}
+SLOW_PATH_EXAMPLES = {"triton": {"default": 2, "full": 4}}
+TIERS = [pytest.param("default"), pytest.param("full", marks=pytest.mark.full)]
 
 
-def examples(path=None):
-    default = int(os.environ.get("FAIRSEQ_DNAS_PROPERTY_EXAMPLES", "15"))
+def examples(tier, path=None):
+    default = int(os.environ.get("FAIRSEQ_DNAS_PROPERTY_EXAMPLES", EXAMPLES[tier]))
     if path is None:
         return default
-    default = min(default, SLOW_PATH_EXAMPLES.get(path, default))
+    default = min(default, SLOW_PATH_EXAMPLES.get(path, {}).get(tier, default))
     return int(os.environ.get(f"FAIRSEQ_DNAS_PROPERTY_EXAMPLES_{path.upper()}", default))
 
 
-def _settings(path=None):
-    return settings(settings.get_profile(PROFILE), max_examples=examples(path))
+def _settings(tier, path=None):
+    return settings(settings.get_profile(PROFILE), max_examples=examples(tier, path))
 
 
 lengths = st.one_of(st.integers(1, 12), st.integers(13, MAX_LEN))
@@ -166,10 +171,11 @@ def _check_attention_probs(case, iters):
     assert torch.isfinite(grad).all(), f"attention_probs[{_describe(case)}]: NaN or inf in the gradient"
 
 
-def test_attention_probs_properties():
+@pytest.mark.parametrize("tier", TIERS)
+def test_attention_probs_properties(tier):
     ran = []
 
-    @_settings()
+    @_settings(tier)
     @given(case=cases(self_attention=False), iters=st.integers(1, 3))
     def check(case, iters):
         _check_attention_probs(case, iters)
@@ -234,11 +240,12 @@ def _check_path(path, case):
     return None
 
 
+@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("path", kernels.PATHS)
-def test_attend_path_properties(path):
+def test_attend_path_properties(path, tier):
     counts = {"ran": 0, "refused": 0}
 
-    @_settings(path)
+    @_settings(tier, path)
     @given(case=cases(self_attention=True))
     def check(case):
         refusal = _check_path(path, case)
