@@ -11,12 +11,10 @@ are exactly 0, no NaN or inf in the output or the gradients, Theorem 2, and
 equality with the float64 reference (tests/reference.py).
 
 Cost and determinism: a fixed number of examples per test, derandomized
-unless HYPOTHESIS_PROFILE=explore. Each test runs in two tiers
-(docs/testing.md): the default tier on 5 examples (2 for 'triton'), the
-``full`` tier (pytest --full) on 15 (4 for 'triton'); the same checks, the
-full tier on more cases. Settings (environment), for both tiers:
-  FAIRSEQ_DNAS_PROPERTY_EXAMPLES        examples per test
+unless HYPOTHESIS_PROFILE=explore. Settings (environment):
+  FAIRSEQ_DNAS_PROPERTY_EXAMPLES        examples per test (default 15)
   FAIRSEQ_DNAS_PROPERTY_EXAMPLES_<PATH> examples for one path, e.g. _TRITON=20
+                                        (default: 4 for 'triton', slow on CPU)
   HYPOTHESIS_PROFILE=explore            random (not derandomized) search, for
                                         developers hunting for new failures
 Each test prints how many cases it ran (pytest -s shows them).
@@ -53,24 +51,21 @@ MAX_LEN = 300
 F32_EPS = 2.0 ** -24  # every path computes in float32 or better
 
 
-# Examples per test in each tier. Paths that are slow on CPU get fewer: the
-# Triton kernels run under TRITON_INTERPRET=1 there, one Python call per
-# program instance.
-EXAMPLES = {"default": 5, "full": 15}
-SLOW_PATH_EXAMPLES = {"triton": {"default": 2, "full": 4}}
-TIERS = [pytest.param("default"), pytest.param("full", marks=pytest.mark.full)]
+# Paths that are slow on CPU get fewer examples by default: the Triton kernels
+# run under TRITON_INTERPRET=1 there, one Python call per program instance.
+SLOW_PATH_EXAMPLES = {"triton": 4}
 
 
-def examples(tier, path=None):
-    default = int(os.environ.get("FAIRSEQ_DNAS_PROPERTY_EXAMPLES", EXAMPLES[tier]))
+def examples(path=None):
+    default = int(os.environ.get("FAIRSEQ_DNAS_PROPERTY_EXAMPLES", "15"))
     if path is None:
         return default
-    default = min(default, SLOW_PATH_EXAMPLES.get(path, {}).get(tier, default))
+    default = min(default, SLOW_PATH_EXAMPLES.get(path, default))
     return int(os.environ.get(f"FAIRSEQ_DNAS_PROPERTY_EXAMPLES_{path.upper()}", default))
 
 
-def _settings(tier, path=None):
-    return settings(settings.get_profile(PROFILE), max_examples=examples(tier, path))
+def _settings(path=None):
+    return settings(settings.get_profile(PROFILE), max_examples=examples(path))
 
 
 lengths = st.one_of(st.integers(1, 12), st.integers(13, MAX_LEN))
@@ -171,11 +166,10 @@ def _check_attention_probs(case, iters):
     assert torch.isfinite(grad).all(), f"attention_probs[{_describe(case)}]: NaN or inf in the gradient"
 
 
-@pytest.mark.parametrize("tier", TIERS)
-def test_attention_probs_properties(tier):
+def test_attention_probs_properties():
     ran = []
 
-    @_settings(tier)
+    @_settings()
     @given(case=cases(self_attention=False), iters=st.integers(1, 3))
     def check(case, iters):
         _check_attention_probs(case, iters)
@@ -240,12 +234,11 @@ def _check_path(path, case):
     return None
 
 
-@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("path", kernels.PATHS)
-def test_attend_path_properties(path, tier):
+def test_attend_path_properties(path):
     counts = {"ran": 0, "refused": 0}
 
-    @_settings(tier, path)
+    @_settings(path)
     @given(case=cases(self_attention=True))
     def check(case):
         refusal = _check_path(path, case)
