@@ -54,6 +54,12 @@ setup(
             # property tests of the attention math (tests/test_properties.py):
             # random shapes, padding, dtypes and scores, derandomized in CI
             "hypothesis>=6",
+            # the README's test command runs the files on 2 workers (-n 2);
+            # docs/testing.md
+            "pytest-xdist>=3",
+            # tests/analysis_fixtures.py: xdist workers share one build
+            # (torch depends on it too)
+            "filelock",
         ],
         # The GPU kernels (fairseq_dnas/attention/triton_flash.py). CUDA builds
         # of torch already ship a matching triton; on CPU machines it is

@@ -37,7 +37,7 @@ echo "[install] $TORCH_SPEC"
 "${PIP[@]}" "$TORCH_SPEC"
 echo "[install] $FAIRSEQ_SPEC (--no-deps: its torchaudio pin would replace torch)"
 "${PIP[@]}" --no-deps "$FAIRSEQ_SPEC"
-echo "[install] fairseq-dnas, fairseq's runtime dependencies, pytest, triton (GPU kernels; tested on CPU by its interpreter)"
+echo "[install] fairseq-dnas, fairseq's runtime dependencies, pytest + xdist, triton (GPU kernels; tested on CPU by its interpreter)"
 "${PIP[@]}" -e ".[test,triton]"
 echo "[install] (a pip note that ve-fairseq requires torchaudio is expected: fairseq's speech models are not used)"
 

@@ -1,8 +1,20 @@
 import os
+import re
 import sys
 
 import pytest
-import torch
+
+# Under pytest-xdist (the README's ``-n 2``) each worker gets its share of the
+# cores: two workers on 2 cores, each with torch's default of one thread per
+# core, would oversubscribe them. xdist sets the variable before a worker
+# imports this file; set here, before torch starts its thread pool, and
+# inherited by the fairseq-* subprocesses the tests start.
+_WORKERS = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+if _WORKERS:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // int(_WORKERS))))
+
+import torch  # noqa: E402 (after the thread settings)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -13,6 +25,43 @@ sys.path.insert(0, TESTS)  # tests import reference.py and helpers.py directly
 # is set before any test imports fairseq_dnas.attention.triton_flash.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Test tiers (docs/testing.md). The default run proves every path, scheme,
+# dtype and recipe on a representative, seeded subset; tests marked
+# ``@pytest.mark.full`` repeat the same proofs exhaustively (every size or
+# variant, more property examples, longer recipe chains) and run only when
+# asked for:
+#   pytest --full          the default tier plus the full tier (everything)
+#   pytest -m full         only the full tier: an -m expression that names
+#                          'full' decides on its own which full tests run
+#   pytest -m "not full"   only the default tier, without listing the skips
+FULL_OPTION = "--full"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        FULL_OPTION, action="store_true", default=False,
+        help="also run the tests marked 'full' (the exhaustive tier: every size and variant, "
+             "more property examples); see docs/testing.md",
+    )
+
+
+def _full_by_markexpr(config):
+    return re.search(r"\bfull\b", config.getoption("markexpr") or "") is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "full: exhaustive tier, skipped unless pytest --full (or -m full); docs/testing.md")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("full") or _full_by_markexpr(config):
+        return
+    skip = pytest.mark.skip(reason=f"full tier: run with pytest {FULL_OPTION} (docs/testing.md)")
+    for item in items:
+        if item.get_closest_marker("full") is not None:
+            item.add_marker(skip)
 
 
 def padding_mask(lengths, total, left_pad):
