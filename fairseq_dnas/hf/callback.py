@@ -37,7 +37,10 @@ def hybrid_weights(model, label: str = "model", num_updates: Optional[int] = Non
 
 
 class HybridWeightCallback(TrainerCallback):
-    """Adds u per layer (mean over heads) to each Trainer log as ``u/layer<i>``,
+    """Adds u per layer (mean over heads) to each Trainer log as ``u/layer<i>``
+    (in ``state.log_history``, so in trainer_state.json, and in the logs the
+    callbacks after this one see: insert it first,
+    ``trainer.callback_handler.callbacks.insert(0, cb)``, for reporters),
     keeps the full (layer x head) history in ``self.history``, and appends it
     to ``path`` (JSON lines) when given."""
 
@@ -51,9 +54,11 @@ class HybridWeightCallback(TrainerCallback):
         rows = layer_weights(model)
         if not rows:
             return
-        if logs is not None:
-            for i, row in enumerate(rows):
-                logs[f"u/layer{i}"] = round(sum(row) / len(row), 6)
+        means = {f"u/layer{i}": round(sum(row) / len(row), 6) for i, row in enumerate(rows)}
+        if logs is not None:  # seen by the callbacks after this one (the printer, ...)
+            logs.update(means)
+        if state.log_history:  # kept in trainer_state.json with the loss
+            state.log_history[-1].update(means)
         record = {"step": state.global_step, "u": rows}
         self.history.append(record)
         if self.path:
