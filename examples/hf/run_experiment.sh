@@ -4,11 +4,12 @@
 # finished runs are skipped.
 #
 #   bash examples/hf/run_experiment.sh
+#   SCHEMES=hnas bash examples/hf/run_experiment.sh   # one scheme (run the three side by side)
 set -euo pipefail
 
 OUT="${OUT:-examples/hf/results}"          # one JSON per run
 SST2_DIR="${SST2_DIR:-/work/shared/data/glue/SST-2}"
-STEPS="${STEPS:-1200}"                      # training steps per run (batch 32)
+STEPS="${STEPS:-400}"                       # training steps per run (batch 32)
 SEEDS="${SEEDS:-1 2 3}"
 SCHEMES="${SCHEMES:-unas dnas hnas}"
 PY="${PY:-python}"
