@@ -92,8 +92,13 @@ def _bool_mask(pad):  # sdpa_mask's form: (B, 1, T, T), True where a query may s
 # Tier 1: the attention function ---------------------------------------------
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-@pytest.mark.parametrize("form", ["bool", "additive", "none"])
-def test_function_matches_float64_reference(scheme, form):
+@pytest.mark.parametrize("form,path", [("bool", "auto"), ("additive", "auto"), ("none", "auto"),
+                                       ("bool", "fused"), ("bool", "triton")])
+def test_function_matches_float64_reference(scheme, form, path, monkeypatch):
+    """Every execution path of kernels.attend behind the adapter (triton: under
+    Triton's interpreter on CPU, as tests/test_triton.py runs it)."""
+    if path != "auto":
+        monkeypatch.setenv(kernels.PATH_ENV, path)
     q, k, v = _qkv(torch.float32)
     module = _Module(3)
     pad = torch.zeros(2, 6, dtype=torch.bool)
@@ -115,6 +120,7 @@ def test_function_matches_float64_reference(scheme, form):
     grads = torch.autograd.grad(out, [q, k, v, module.hybrid_logit][:n], g)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     logit64 = module.hybrid_logit.detach().double().requires_grad_()
+    monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     ref_out, _ = kernels.attend(q64 * scaling, k64, v64, scheme=scheme, padding_mask=pad if pad.any() else None,
                                 hybrid_weight=torch.sigmoid(logit64), path="materialized")
     ref_grads = torch.autograd.grad(ref_out.transpose(1, 2), [q64, k64, v64, logit64][:n], g.double())
