@@ -17,6 +17,7 @@ profiler's high-water mark of PyTorch's allocator in one forward+backward
 """
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -43,13 +44,17 @@ def build(layers, dropout):
     config = BertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072, num_hidden_layers=layers,
                         vocab_size=8, max_position_embeddings=512, attention_probs_dropout_prob=dropout)
     torch.manual_seed(0)
-    base = BertModel(config, add_pooling_layer=False).train()
+    # One config per model: the attention implementation lives on the config,
+    # and models built from one config object share it.
+    base = BertModel(copy.deepcopy(config), add_pooling_layer=False).train()
+    base.set_attn_implementation("sdpa")
     models = {"sdpa": base}
     for scheme in ("dnas", "hnas"):
-        m = BertModel(config, add_pooling_layer=False).train()
+        m = BertModel(copy.deepcopy(config), add_pooling_layer=False).train()
         m.load_state_dict(base.state_dict())
         models[scheme] = hf.enable(m, scheme=scheme, hybrid_init=0.5)
-    base.set_attn_implementation("sdpa")
+    for name, m in models.items():  # each model runs its own scheme
+        assert m.config._attn_implementation == name, (name, m.config._attn_implementation)
     return models
 
 
@@ -104,16 +109,22 @@ def main(argv=None):
     result = {"machine": {**benchmark.machine(), "transformers": transformers.__version__}, "settings": vars(args),
               "rows": []}
     for length in lengths:
-        ids, mask = batch(length, args.tokens)
-        cases = {name: fwd_bwd(m, ids, mask) for name, m in models.items()}
-        benchmark.log(f"T={length}: batch {ids.shape[0]}, {args.layers} layer(s), {args.rounds} rounds")
+        x, mask = batch(length, args.tokens)
+        with torch.no_grad():  # proof that the schemes run: outputs differ from sdpa's
+            outs = {name: m.eval()(inputs_embeds=x, attention_mask=mask).last_hidden_state for name, m in models.items()}
+        for m in models.values():
+            m.train()
+        differs = {name: (outs[name] - outs["sdpa"]).abs().max().item() for name in models}
+        assert differs["dnas"] > 0 and differs["hnas"] > 0, differs
+        cases = {name: fwd_bwd(m, x, mask) for name, m in models.items()}
+        benchmark.log(f"T={length}: batch {x.shape[0]}, {args.layers} layer(s), {args.rounds} rounds")
         with benchmark.CpuLoad() as load:
             times = benchmark.timed_rounds(cases, args.warmup, args.rounds, "sdpa")
         memory = {name: benchmark.peak_memory_bytes(fn) for name, fn in cases.items()}
         for name in models:
-            row = {"length": length, "batch": ids.shape[0], "impl": name, "median_s": times[name]["median_s"],
+            row = {"length": length, "batch": x.shape[0], "impl": name, "median_s": times[name]["median_s"],
                    "ratio": times[name]["ratio"], "times_s": times[name]["times_s"], "peak_mib": memory[name] / 2**20,
-                   "memory_ratio": memory[name] / memory["sdpa"], "foreign_cpu_fraction": load.foreign_fraction}
+                   "memory_ratio": memory[name] / memory["sdpa"], "max_abs_diff_to_sdpa": differs[name], "foreign_cpu_fraction": load.foreign_fraction}
             result["rows"].append(row)
             benchmark.log(f"  {name:5s} {row['median_s'] * 1000:8.1f} ms  x{row['ratio']:.3f}  "
                           f"peak {row['peak_mib']:.0f} MiB x{row['memory_ratio']:.2f}  (other processes: "

@@ -64,6 +64,9 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "he
     scheme: 'dnas', 'hnas' or 'unas' (softmax through the same code, for checks).
     hybrid_init: HNAS's initial u (paper: 0.5; 0.1 for Gigaword).
     per: 'head' (one u per layer and head) or 'layer' (one per layer).
+
+    The implementation is set on ``model.config``: other models built from the
+    same config object switch with it (give each its own copy).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
