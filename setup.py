@@ -66,6 +66,10 @@ setup(
         # installed so that the tests run the kernels under Triton's
         # interpreter (about 1 GB; no wheels outside Linux).
         "triton": ['triton>=3.0; platform_system == "Linux"'],
+        # fairseq_dnas.hf: DNAS/HNAS in Hugging Face transformers encoders.
+        # Tested with transformers 5.17.0 (the project's GPU machine) and
+        # 5.23.0 (newest on the index when written); Trainer needs accelerate.
+        "hf": ["transformers>=5.17,<5.24", "accelerate>=1.1.0"],
     },
     license="MIT",
 )

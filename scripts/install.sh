@@ -37,14 +37,15 @@ echo "[install] $TORCH_SPEC"
 "${PIP[@]}" "$TORCH_SPEC"
 echo "[install] $FAIRSEQ_SPEC (--no-deps: its torchaudio pin would replace torch)"
 "${PIP[@]}" --no-deps "$FAIRSEQ_SPEC"
-echo "[install] fairseq-dnas, fairseq's runtime dependencies, pytest + xdist, triton (GPU kernels; tested on CPU by its interpreter)"
-"${PIP[@]}" -e ".[test,triton]"
+echo "[install] fairseq-dnas, fairseq's runtime dependencies, pytest + xdist, triton (GPU kernels; tested on CPU by its interpreter), transformers (fairseq_dnas.hf)"
+"${PIP[@]}" -e ".[test,triton,hf]"
 echo "[install] (a pip note that ve-fairseq requires torchaudio is expected: fairseq's speech models are not used)"
 
 "$PY" - <<'PYCHECK'
-import torch, fairseq, fairseq_dnas
+import torch, fairseq, fairseq_dnas, transformers
+import fairseq_dnas.hf  # registers 'dnas'/'hnas' with transformers
 from fairseq.models import ARCH_MODEL_REGISTRY
 assert "transformer_hnas" in ARCH_MODEL_REGISTRY, "fairseq-dnas architectures not registered"
 print(f"[install] ok: torch {torch.__version__}, fairseq {fairseq.__version__}, "
-      f"fairseq-dnas {fairseq_dnas.__version__}")
+      f"fairseq-dnas {fairseq_dnas.__version__}, transformers {transformers.__version__}")
 PYCHECK

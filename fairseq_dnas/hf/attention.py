@@ -1,0 +1,169 @@
+"""The attention function transformers calls for ``attn_implementation`` =
+"dnas", "hnas" (and "unas", the same plumbing with ordinary softmax, for tests).
+
+transformers hands every attention module's call to the function registered
+under the model's implementation name, with per-head ``query``, ``key``,
+``value`` (B, H, T, D), a mask, ``scaling`` and ``dropout``. Bidirectional
+self-attention goes to ``kernels.attend``; causal self-attention and
+cross-attention go to transformers' own ``sdpa_attention_forward``.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from fairseq_dnas.attention import kernels
+
+SCHEMES = ("unas", "dnas", "hnas")
+ROLE_ATTR = "dnas_role"  # set on each attention module by enable(): self, causal or cross
+CROSS_NAMES = ("encoder_attn", "crossattention", "cross_attention", "EncDecAttention")
+
+
+def infer_role(module, name: str = "") -> str:
+    """'causal', 'cross' or 'self' (bidirectional self-attention) for an attention module.
+
+    transformers flags causal attention (``is_causal``) but not cross-attention:
+    BART's decoder cross-attention is the same class as its self-attention,
+    told apart by its name (``encoder_attn``) or by ``is_decoder`` without
+    ``is_causal``; BERT-style decoders use a ``...CrossAttention`` class.
+    """
+    if getattr(module, "is_causal", False):
+        return "causal"
+    if "Cross" in type(module).__name__ or name.rsplit(".", 1)[-1] in CROSS_NAMES:
+        return "cross"
+    if getattr(module, "is_cross_attention", False) or getattr(module, "is_decoder", False):
+        return "cross"
+    return "self"
+
+
+def key_padding_mask(mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:
+    """The (B, T) key padding mask (True at padding) behind transformers' 4D mask.
+
+    ``sdpa_mask`` gives a boolean (B, 1, T, T) mask, True where a query may see
+    a key; with padding only, every query row is the same. Additive float masks
+    (0 or very negative) are read the same way. Anything else (sliding-window or
+    local layers, custom 4D masks, biases) is refused: DNAS normalizes each
+    key's column over the queries that see it, and the project's kernels and
+    float64 reference cover padding masks only.
+    """
+    if mask is None:
+        return None
+    if mask.dim() != 4:
+        raise ValueError(f"DNAS expects transformers' 4D attention mask (B, 1, T, T); got shape {tuple(mask.shape)}")
+    if mask.dtype == torch.bool:
+        keep = mask
+    else:
+        blocked = mask <= torch.finfo(mask.dtype).min / 2
+        if not bool(((mask == 0) | blocked).all()):
+            raise ValueError(
+                "DNAS takes padding masks only; this additive mask carries a bias (values other than 0 "
+                "and -inf): use attn_implementation='sdpa' for this model"
+            )
+        keep = ~blocked
+    keep = keep.expand(batch, -1, length, length) if keep.shape[-2] == 1 else keep
+    rows = keep[:, :1, :1, :]
+    if not torch.equal(keep, rows.expand_as(keep)):
+        raise ValueError(
+            "DNAS/HNAS got an attention mask that is not a key padding mask (a sliding-window, local or "
+            "custom 4D mask): only padding masks are supported; use attn_implementation='sdpa' for this model "
+            "or a model with full bidirectional attention"
+        )
+    pad = ~rows[:, 0, 0, :]
+    return pad if bool(pad.any()) else None
+
+
+class _Dropout:
+    """Attention dropout as ``kernels.attend`` expects it (a callable with ``p``)."""
+
+    training = True
+
+    def __init__(self, p: float):
+        self.p = p
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.dropout(x, p=self.p, training=True)
+
+
+def hybrid_weight(module, heads: int) -> Tensor:
+    """u = sigmoid(logit) of an HNAS module, (H,)."""
+    logit = getattr(module, "hybrid_logit", None)
+    if logit is None:
+        raise ValueError(
+            f"attn_implementation 'hnas' needs the HNAS weights on {type(module).__name__}: build or load the "
+            "model with fairseq_dnas.hf.enable(model, scheme='hnas') or fairseq_dnas.hf.from_pretrained(...)"
+        )
+    return torch.sigmoid(logit.float()).expand(heads)
+
+
+def attention_forward(
+    scheme: str,
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    **kwargs,
+):
+    """transformers' attention-function signature; returns ((B, T, H, D), weights or None)."""
+    role = getattr(module, ROLE_ATTR, None) or infer_role(module)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    if role != "self" or causal or query.shape[-2] != key.shape[-2]:
+        # Decoders stay softmax, as in the fairseq plugin (DNAS's column
+        # normalization over queries would let a query see later queries).
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    for unsupported in ("position_bias", "softcap", "sinks", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(
+                f"DNAS/HNAS does not take {unsupported!r} (this model adds it to the attention scores): "
+                "use attn_implementation='sdpa' for this model"
+            )
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    batch, heads, length, head_dim = query.shape
+    pad = key_padding_mask(attention_mask, batch, length)
+    scale = head_dim**-0.5 if scaling is None else scaling
+    u = hybrid_weight(module, heads) if scheme == "hnas" else None
+    out, weights = kernels.attend(
+        query * scale,  # attend takes queries already scaled (Eq. 1's 1/sqrt(d))
+        key,
+        value,
+        scheme=scheme,
+        padding_mask=pad,
+        hybrid_weight=u,
+        dropout=_Dropout(dropout) if dropout > 0 else None,
+        need_weights=bool(kwargs.get("output_attentions", False)),
+    )
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def _bind(scheme):
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        return attention_forward(scheme, module, query, key, value, attention_mask, **kwargs)
+
+    forward.__name__ = f"{scheme}_attention_forward"
+    return forward
+
+
+def register() -> None:
+    """Register 'unas', 'dnas' and 'hnas' with transformers (idempotent).
+
+    Both interfaces: without the mask function, transformers builds no mask
+    for an unknown implementation and passes ``attention_mask=None``, so
+    padding would be silently ignored.
+    """
+    for scheme in SCHEMES:
+        AttentionInterface.register(scheme, _bind(scheme))
+        AttentionMaskInterface.register(scheme, sdpa_mask)
+
+
+register()

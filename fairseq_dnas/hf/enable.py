@@ -1,0 +1,176 @@
+"""Switch a transformers model to DNAS/HNAS, and load one saved that way.
+
+``enable`` tags each attention module with its role, adds the HNAS logit
+``hybrid_logit`` (the fairseq plugin's name) to each bidirectional
+self-attention module, records the settings in ``config.dnas`` (saved in
+config.json) and sets the attention implementation. ``from_pretrained``
+loads a model saved after ``enable``: transformers drops the weights its
+classes do not define, so the HNAS logits are read back from the files.
+"""
+
+import functools
+import inspect
+import json
+import os
+from typing import List, Tuple
+
+import torch
+
+from fairseq_dnas.attention.hybrid import HYBRID_PER, hybrid_logit
+from fairseq_dnas.hf.attention import ROLE_ATTR, SCHEMES, infer_role, register
+
+TESTED = "BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART (encoder)"
+LOGIT = "hybrid_logit"
+
+
+@functools.lru_cache(maxsize=None)
+def _routes_through_interface(cls) -> bool:
+    """Whether ``cls.forward`` calls transformers' AttentionInterface."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def attention_modules(model) -> List[Tuple[str, torch.nn.Module, str]]:
+    """(name, module, role) of every attention module that calls the
+    interface, in model order (encoder layers bottom first). A module shared
+    by several layers (ALBERT) appears once."""
+    seen, found = set(), []
+    for name, module in model.named_modules():
+        if id(module) in seen or not _routes_through_interface(type(module)):
+            continue
+        seen.add(id(module))
+        found.append((name, module, infer_role(module, name)))
+    return found
+
+
+def _num_heads(module, config) -> int:
+    for attr in ("num_heads", "num_attention_heads", "n_heads"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int):
+            return value
+    for attr in ("num_attention_heads", "encoder_attention_heads", "n_heads"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"cannot tell the number of heads of {type(module).__name__}")
+
+
+def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "head"):
+    """Make ``model``'s bidirectional self-attention DNAS or HNAS (in place; returns ``model``).
+
+    scheme: 'dnas', 'hnas' or 'unas' (softmax through the same code, for checks).
+    hybrid_init: HNAS's initial u (paper: 0.5; 0.1 for Gigaword).
+    per: 'head' (one u per layer and head) or 'layer' (one per layer).
+
+    The implementation is set on ``model.config``: other models built from the
+    same config object switch with it (give each its own copy).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
+    if per not in HYBRID_PER:
+        raise ValueError(f"unknown per={per!r}: choose one of {', '.join(HYBRID_PER)}")
+    register()
+    kind = type(model).__name__
+    modules = attention_modules(model)
+    if not modules:
+        raise ValueError(
+            f"{kind} does not route its attention through transformers' AttentionInterface, so DNAS/HNAS "
+            f"cannot replace it; supported (tested): {TESTED}"
+        )
+    for name, module, _ in modules:
+        if getattr(module, "sliding_window", None) or getattr(module, "local_attention", None) not in (None, (-1, -1)):
+            raise ValueError(
+                f"{kind} has sliding-window (local) attention ({name}): DNAS/HNAS supports full bidirectional "
+                f"self-attention with padding masks only; use a model such as {TESTED}"
+            )
+    selfs = [(name, module) for name, module, role in modules if role == "self"]
+    if not selfs:
+        raise ValueError(
+            f"{kind} has no bidirectional self-attention (all its attention is causal or cross-attention, which "
+            f"stays softmax): DNAS/HNAS is for encoders such as {TESTED}"
+        )
+    for name, module, role in modules:
+        setattr(module, ROLE_ATTR, role)
+    for name, module in selfs:
+        heads = _num_heads(module, model.config)
+        want = heads if per == "head" else 1
+        current = getattr(module, LOGIT, None)
+        if scheme == "hnas":
+            if current is None or current.numel() != want:
+                device = next(module.parameters()).device
+                module.register_parameter(
+                    LOGIT, hybrid_logit(heads, hybrid_init, per, name="hybrid_init", fixed="scheme='unas' or 'dnas'", device=device)
+                )
+        elif current is not None:
+            delattr(module, LOGIT)
+    model.config.dnas = {"scheme": scheme, "hybrid_init": hybrid_init, "per": per}
+    model.set_attn_implementation(scheme)
+    return model
+
+
+def _saved_tensors(path: str):
+    """name -> tensor of the HNAS logits saved in directory ``path``."""
+    files = []
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted({os.path.join(path, v) for v in json.load(f)["weight_map"].values()})
+    elif os.path.exists(os.path.join(path, "model.safetensors")):
+        files = [os.path.join(path, "model.safetensors")]
+    elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
+        state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        return {k: v for k, v in state.items() if k.endswith(LOGIT)}
+    else:
+        raise ValueError(f"{path} holds no model weights (model.safetensors or pytorch_model.bin): pass the directory given to save_pretrained")
+    from safetensors import safe_open
+
+    found = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for k in f.keys():
+                if k.endswith(LOGIT):
+                    found[k] = f.get_tensor(k)
+    return found
+
+
+def load_hybrid_logits(model, path: str) -> int:
+    """Copy the HNAS logits saved in ``path`` into ``model`` (after ``enable``); returns how many."""
+    saved = _saved_tensors(path)
+    own = {n: p for n, p in model.named_parameters() if n.endswith(LOGIT)}
+    missing = []
+    for name, param in own.items():
+        # The saved name may carry or lack the base model's prefix
+        # (saved from BertForSequenceClassification, loaded into BertModel).
+        match = [k for k in saved if k == name or k.endswith("." + name) or name.endswith("." + k)]
+        if len(match) != 1 or saved[match[0]].shape != param.shape:
+            missing.append(name)
+            continue
+        with torch.no_grad():
+            param.copy_(saved[match[0]].to(param.device, param.dtype))
+    if missing:
+        raise ValueError(
+            f"{path} lacks the HNAS weights {missing[0]}"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+            + ": save the model with save_pretrained after fairseq_dnas.hf.enable(model, scheme='hnas'), "
+            "or start HNAS afresh with enable(model, scheme='hnas', hybrid_init=...) instead of loading"
+        )
+    return len(own)
+
+
+def from_pretrained(model_class, path: str, **kwargs):
+    """``model_class.from_pretrained(path)`` for a model saved after ``enable``,
+    with its scheme and HNAS weights restored."""
+    model = model_class.from_pretrained(path, **kwargs)
+    settings = getattr(model.config, "dnas", None)
+    if not isinstance(settings, dict) or settings.get("scheme") not in SCHEMES:
+        raise ValueError(
+            f"{path} was not saved after fairseq_dnas.hf.enable (config.json has no 'dnas' entry): load it with "
+            f"{model_class.__name__}.from_pretrained and call fairseq_dnas.hf.enable(model, scheme=...)"
+        )
+    enable(model, **settings)
+    if settings["scheme"] == "hnas":
+        load_hybrid_logits(model, path)
+    return model
