@@ -1,9 +1,22 @@
-# Shared by the recipes under examples/ (sourced, not run).
+# Shared by the recipes under examples/ (sourced, not run): the settings
+# checks, the fairseq-train launch on CPU or 1..N GPUs, and the progress
+# lines of long steps. A recipe script sets its settings at its top, then
+#
+#   source "$(dirname "$0")/../common.sh"
+#   check_python
+#   check_choice ARCH transformer transformer_dnas transformer_hnas
+#   check_run_settings              # SEED, DEVICE (-> cpu|gpu), NPROC (-> a count), NNODES
+#   fairseq_train_launch            # -> LAUNCH (command), LAUNCH_ARGS (device/distributed flags)
+#   run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" 0 "${LAUNCH[@]}" "${ARGS[@]}" "${LAUNCH_ARGS[@]}" "$@"
+#
+# Every function says its contract at its top: what it reads (settings are
+# the recipe's upper-case variables), what it sets, and how it fails (die:
+# one line "[script] error: ..." on stderr, exit status 1).
 #
 # Which Python runs everything: $PYTHON if set, else the repository's .venv
 # (what scripts/install.sh makes), else python3 from PATH. PYTHON may be a
 # path or a command name on PATH (PYTHON=python3). fairseq's tools are
-# started as modules of that interpreter (python -m fairseq_cli.train, and
+# started through that interpreter (scripts/run_fairseq.py, and
 # python -m torch.distributed.run for torchrun), so no console script from
 # another environment can sneak in.
 
@@ -17,9 +30,15 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 USER_DIR="${USER_DIR:-$REPO/fairseq_dnas}"
 
+# say TEXT...: one line "[script] TEXT" on stderr (script: the recipe's name).
 say() { echo "[$(basename "$0" .sh)] $*" >&2; }
+# die TEXT...: one line "[script] error: TEXT" on stderr, then exit 1.
 die() { echo "[$(basename "$0" .sh)] error: $*" >&2; exit 1; }
 
+# check_python: makes PYTHON the full path of an interpreter that has fairseq,
+# fairseq_dnas, sentencepiece and rouge-score, or dies saying how to get one.
+# The import check runs once per run (FAIRSEQ_DNAS_CHECKED_PYTHON, exported,
+# tells the scripts started from here that it was done).
 check_python() {
   # PYTHON may be a path or a command on PATH (PYTHON=python3); resolve it once
   # so that every later use (and every job started from here) runs the same one.
@@ -28,19 +47,249 @@ check_python() {
   [ -n "$PYTHON" ] && [ -n "$found" ] && [ -x "$found" ] \
     || die "no Python found at PYTHON=${PYTHON:-} (a path or a command on PATH); run 'bash scripts/install.sh' or set PYTHON"
   PYTHON="$found"
-  # Checked once per run: the scripts this one starts (train.sh, generate.sh
-  # from run_seeds.sh or quickstart.sh) inherit the result.
   [ "${FAIRSEQ_DNAS_CHECKED_PYTHON:-}" = "$PYTHON" ] && return 0
   "$PYTHON" -c 'import fairseq, fairseq_dnas, sentencepiece, rouge_score' 2>/dev/null \
     || die "$PYTHON lacks fairseq, fairseq_dnas, sentencepiece or rouge-score; run 'bash scripts/install.sh' (or set PYTHON to the environment that has them)"
   export FAIRSEQ_DNAS_CHECKED_PYTHON="$PYTHON"
 }
 
-# cpu or gpu: DEVICE=auto picks gpu when torch sees one.
+# ------------------------------------------------------------ settings checks
+
+# check_choice NAME CHOICE...: dies unless the variable NAME holds one of the
+# CHOICEs. A choice may carry a note after its first space, shown in the
+# message but not matched: check_choice ARCH "transformer (UNAS baseline)"
+# transformer_dnas -> "ARCH=x: choose transformer (UNAS baseline) or transformer_dnas".
+check_choice() {
+  local name="$1" value="${!1:-}" choice list="" n
+  shift
+  for choice in "$@"; do [ "$value" = "${choice%% *}" ] && return 0; done
+  n=$#
+  for choice in "$@"; do
+    if [ -z "$list" ]; then list="$choice"
+    elif [ "$n" = 1 ]; then list="$list or $choice"
+    else list="$list, $choice"; fi
+    n=$((n - 1))
+  done
+  die "$name=$value: choose $list"
+}
+
+# check_number NAME [MIN]: dies unless the variable NAME is a whole number
+# >= MIN (default 0), e.g. check_number SEED, check_number JOBS 1.
+check_number() {
+  local name="$1" value="${!1:-}" min="${2:-0}"
+  [[ "$value" =~ ^[0-9]+$ ]] && [ "$value" -ge "$min" ] \
+    || die "$name=$value: give a whole number >= $min"
+}
+
+# resolve_device DEVICE: prints cpu or gpu; auto is gpu when torch sees a GPU.
+# Needs PYTHON (check_python first); dies on another value.
 resolve_device() {
   case "$1" in
     cpu|gpu) echo "$1" ;;
     auto) "$PYTHON" -c 'import torch; print("gpu" if torch.cuda.is_available() else "cpu")' ;;
     *) die "DEVICE=$1: choose cpu, gpu or auto" ;;
   esac
+}
+
+# check_run_settings: the settings every training recipe shares. Reads SEED,
+# DEVICE (cpu|gpu|auto), NPROC (processes on this node; 0: every GPU, 1 on
+# CPU), NNODES (default 1). Sets DEVICE to cpu or gpu, NPROC to a count >= 1,
+# NNODES and WORLD (= NPROC x NNODES). Dies with the setting to change.
+check_run_settings() {
+  check_number SEED
+  DEVICE="$(resolve_device "${DEVICE:-auto}")"
+  NPROC="${NPROC:-0}"
+  if [ "$NPROC" = 0 ]; then
+    if [ "$DEVICE" = gpu ]; then NPROC="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')"; else NPROC=1; fi
+  fi
+  [ "$NPROC" -ge 1 ] 2>/dev/null || die "NPROC=$NPROC: no GPU found or not a positive number (DEVICE=cpu trains on CPU)"
+  NNODES="${NNODES:-1}"
+  check_number NNODES 1
+  WORLD=$((NPROC * NNODES))
+}
+
+# split_batch NAME TOTAL WORLD MAX_PER_PROC exact|floor: the effective batch
+# TOTAL (the setting NAME, for the message) over WORLD processes, at most
+# MAX_PER_PROC per process and step. Sets PER_PROC (per process and step) and
+# UPDATE_FREQ (fairseq's --update-freq) with PER_PROC x WORLD x UPDATE_FREQ:
+#   exact: = TOTAL (sentences); dies when TOTAL is not a multiple of WORLD;
+#   floor: <= TOTAL, rounded down (tokens, where fairseq's batches vary anyway).
+split_batch() {
+  local name="$1" total="$2" world="$3" max="$4" mode="$5" per_world
+  if [ "$mode" = exact ]; then
+    [ $((total % world)) = 0 ] || die "$name=$total cannot be split evenly over $world processes; choose a multiple of $world"
+  fi
+  per_world=$((total / world))
+  UPDATE_FREQ=$(( (per_world + max - 1) / max ))
+  if [ "$mode" = exact ]; then
+    while [ $((per_world % UPDATE_FREQ)) != 0 ]; do UPDATE_FREQ=$((UPDATE_FREQ + 1)); done
+  fi
+  PER_PROC=$((per_world / UPDATE_FREQ))
+}
+
+# ------------------------------------------------------------ fairseq-train launch
+
+# fairseq_train_launch: how to start fairseq-train (scripts/run_fairseq.py
+# train: fairseq's own CLI, with bad files reported in one line) on this
+# node. Reads DEVICE (cpu|gpu, from check_run_settings), NPROC, NNODES, WORLD,
+# NODE_RANK, MASTER_ADDR, MASTER_PORT (multi-node), CPU_THREADS (CPU: the
+# threads shared by the processes). Sets
+#   LAUNCH       the command up to fairseq's arguments: python, or torchrun
+#                (python -m torch.distributed.run) when WORLD > 1;
+#   LAUNCH_ARGS  fairseq flags for the device and the process group: --fp16
+#                on GPUs, --cpu and gloo with fairseq's legacy DDP on CPU;
+# and exports OMP_NUM_THREADS on CPU (CPU_THREADS / NPROC, at least 1).
+fairseq_train_launch() {
+  local torchrun
+  if [ "${NNODES:-1}" = 1 ]; then
+    # One node: torchrun picks a free port itself (--standalone).
+    torchrun=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
+  else
+    torchrun=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --nnodes "$NNODES"
+              --node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-127.0.0.1}"
+              --master_port "${MASTER_PORT:-29500}")
+  fi
+  LAUNCH=("$PYTHON" "$REPO/scripts/run_fairseq.py" train)
+  [ "$WORLD" -gt 1 ] && LAUNCH=("${torchrun[@]}" "$REPO/scripts/run_fairseq.py" train)
+  if [ "$DEVICE" = gpu ]; then
+    LAUNCH_ARGS=(--fp16)
+    # fairseq reads torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE).
+    [ "$WORLD" -gt 1 ] && LAUNCH_ARGS+=(--distributed-world-size "$WORLD")
+  else
+    LAUNCH_ARGS=(--cpu)
+    local threads="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"
+    export OMP_NUM_THREADS=$(( threads / NPROC > 0 ? threads / NPROC : 1 ))
+    if [ "$WORLD" -gt 1 ]; then
+      # fairseq only sets up torchrun's environment for GPUs; on CPU we give the
+      # init method ourselves. --distributed-rank -1 lets torch read each
+      # process's RANK from torchrun's environment; gloo is the CPU backend and
+      # legacy_ddp fairseq's DDP that works on CPU modules (torch's DDP wrapper
+      # is given a GPU device id by fairseq).
+      LAUNCH_ARGS+=(--distributed-world-size "$WORLD" --distributed-init-method env:// --distributed-rank -1
+                    --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp)
+    fi
+  fi
+  return 0
+}
+
+# quote_command CMD...: prints CMD as one shell-quoted line (what DRY_RUN=1
+# shows and SAVE_DIR/train.cmd keeps: paste it into a shell to run it again).
+quote_command() { printf '%q ' "$@"; echo; }
+
+# ------------------------------------------------------------ progress lines
+
+# start_progress KIND FILE TOTAL [scripts/progress.py options]: shows on the
+# console (stderr) how far the job writing FILE is, until stop_progress:
+#   train: FILE is fairseq-train's log; TOTAL the updates in all
+#          ("[train] update 300/1500 (20%) loss 5.21 elapsed 2m10s left 8m40s",
+#          and one line per validation);
+#   lines: FILE grows a line per item (--prefix H-: only those lines count);
+#          TOTAL the lines in all ("[generate] 250/500 sentences (50%) ...").
+# A refreshed line on a terminal, else a line every 5% (--step). Starts
+# reading FILE at its present end (a log appended to across resumes). Runs in
+# the background (PROGRESS_PID) and stops by itself when this script is gone;
+# an EXIT trap stops it too (a script with its own EXIT trap calls
+# stop_progress there). PROGRESS=0 shows nothing. Never fails the caller.
+start_progress() {
+  local kind="$1" file="$2" total="$3"
+  shift 3
+  PROGRESS_PID=""
+  [ "${PROGRESS:-1}" = 0 ] && return 0
+  local from=0
+  [ -f "$file" ] && from="$(wc -c < "$file")"
+  "$PYTHON" "$REPO/scripts/progress.py" "$kind" "$file" --total "$total" --from-byte "$from" \
+    --watch "$$" "$@" &
+  PROGRESS_PID=$!
+  trap stop_progress EXIT
+  return 0
+}
+
+# stop_progress: the follower reads FILE a last time, prints its last line
+# and exits (SIGTERM; killed after 5 s if it hangs). Its exit status is
+# ignored: the job's status is what counts. Safe to call twice.
+stop_progress() {
+  local pid="${PROGRESS_PID:-}" i
+  PROGRESS_PID=""
+  [ -n "$pid" ] || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  return 0
+}
+
+# last_error_line FILE FROM_BYTE: prints the last line of FILE after byte
+# FROM_BYTE that starts with "error: " (scripts/run_fairseq.py's one-line
+# report of a bad checkpoint or data file), without that prefix; nothing if none.
+last_error_line() {
+  tail -c +"$(( $2 + 1 ))" "$1" 2>/dev/null | grep -a '^error: ' | tail -1 | sed 's/^error: //' || true
+}
+
+# run_fairseq_train SAVE_DIR TOTAL_UPDATES DONE_UPDATES CMD...: runs CMD (the
+# fairseq-train command: LAUNCH, the recipe's ARGS, LAUNCH_ARGS, the user's
+# flags), its whole output appended to SAVE_DIR/train.log and the command kept
+# in SAVE_DIR/train.cmd, with the progress on the console (DONE_UPDATES: where
+# a resumed run starts, -1 when not known). Returns 0 when CMD succeeds. When it fails: a bad
+# file reported by run_fairseq.py ends the script with that one line (exit
+# 1); anything else shows the log's last 20 lines and exits with CMD's status.
+run_fairseq_train() {
+  local save_dir="$1" total="$2" done_updates="$3" status=0 from=0 bad
+  shift 3
+  export PYTHONUNBUFFERED=1  # progress lines reach the log as they happen
+  mkdir -p "$save_dir"
+  quote_command "$@" > "$save_dir/train.cmd"
+  say "command: $save_dir/train.cmd; log: $save_dir/train.log"
+  [ -f "$save_dir/train.log" ] && from="$(wc -c < "$save_dir/train.log")"
+  start_progress train "$save_dir/train.log" "$total" --start-updates "$done_updates"
+  "$@" >> "$save_dir/train.log" 2>&1 || status=$?
+  stop_progress
+  [ "$status" = 0 ] && return 0
+  bad="$(last_error_line "$save_dir/train.log" "$from")"
+  [ -n "$bad" ] && die "$bad"
+  tail -n 20 "$save_dir/train.log" >&2
+  echo "[$(basename "$0" .sh)] error: fairseq-train failed with exit status $status (log: $save_dir/train.log)" >&2
+  exit "$status"
+}
+
+# run_fairseq_generate OUT_PREFIX TOTAL CMD...: runs CMD (scripts/run_fairseq.py
+# generate ...) with its output in OUT_PREFIX.generate.log (written as .tmp,
+# renamed when CMD succeeds: no half log passes for a whole one) and its
+# stderr in OUT_PREFIX.generate.err; the console shows the sentences decoded
+# of TOTAL. When CMD fails: run_fairseq.py's one-line report of a bad file,
+# else the last 20 lines of the .err file, then exit 1.
+run_fairseq_generate() {
+  local prefix="$1" total="$2" status=0 bad
+  shift 2
+  rm -f "$prefix.generate.log.tmp"
+  start_progress lines "$prefix.generate.log.tmp" "$total" --prefix H- --label "$(basename "$0" .sh)" \
+    --unit sentences
+  PYTHONUNBUFFERED=1 "$@" > "$prefix.generate.log.tmp" 2> "$prefix.generate.err" || status=$?
+  stop_progress
+  if [ "$status" != 0 ]; then
+    rm -f "$prefix.generate.log.tmp"
+    bad="$(last_error_line "$prefix.generate.err" 0)"
+    [ -n "$bad" ] && die "$bad"
+    tail -20 "$prefix.generate.err" >&2
+    die "fairseq-generate failed (see $prefix.generate.err)"
+  fi
+  mv "$prefix.generate.log.tmp" "$prefix.generate.log"
+}
+
+# run_with_line_progress OUTPUT TOTAL LABEL CMD...: runs CMD, which writes
+# OUTPUT a line per input line (the scripts of prepare.sh write OUTPUT.tmp,
+# renamed at the end: give that), with "[LABEL] n/TOTAL lines" on the console
+# when TOTAL is at least PROGRESS_MIN_LINES (default 100000: small files are
+# done before a line would help). Returns CMD's status.
+run_with_line_progress() {
+  local output="$1" total="$2" label="$3" status=0
+  shift 3
+  if [ "$total" -ge "${PROGRESS_MIN_LINES:-100000}" ]; then
+    start_progress lines "$output" "$total" --label "$label"
+  fi
+  "$@" || status=$?
+  stop_progress
+  return "$status"
 }
