@@ -7,7 +7,7 @@
 #   check_choice ARCH transformer transformer_dnas transformer_hnas
 #   check_run_settings              # SEED, DEVICE (-> cpu|gpu), NPROC (-> a count), NNODES
 #   fairseq_train_launch            # -> LAUNCH (command), LAUNCH_ARGS (device/distributed flags)
-#   run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" 0 "${LAUNCH[@]}" "${ARGS[@]}" "${LAUNCH_ARGS[@]}" "$@"
+#   run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "${LAUNCH[@]}" "${ARGS[@]}" "${LAUNCH_ARGS[@]}" "$@"
 #
 # Every function says its contract at its top: what it reads (settings are
 # the recipe's upper-case variables), what it sets, and how it fails (die:
@@ -228,22 +228,21 @@ last_error_line() {
   tail -c +"$(( $2 + 1 ))" "$1" 2>/dev/null | grep -a '^error: ' | tail -1 | sed 's/^error: //' || true
 }
 
-# run_fairseq_train SAVE_DIR TOTAL_UPDATES DONE_UPDATES CMD...: runs CMD (the
+# run_fairseq_train SAVE_DIR TOTAL_UPDATES CMD...: runs CMD (the
 # fairseq-train command: LAUNCH, the recipe's ARGS, LAUNCH_ARGS, the user's
 # flags), its whole output appended to SAVE_DIR/train.log and the command kept
-# in SAVE_DIR/train.cmd, with the progress on the console (DONE_UPDATES: where
-# a resumed run starts, -1 when not known). Returns 0 when CMD succeeds. When it fails: a bad
+# in SAVE_DIR/train.cmd, with the progress on the console. Returns 0 when CMD succeeds. When it fails: a bad
 # file reported by run_fairseq.py ends the script with that one line (exit
 # 1); anything else shows the log's last 20 lines and exits with CMD's status.
 run_fairseq_train() {
-  local save_dir="$1" total="$2" done_updates="$3" status=0 from=0 bad
-  shift 3
+  local save_dir="$1" total="$2" status=0 from=0 bad
+  shift 2
   export PYTHONUNBUFFERED=1  # progress lines reach the log as they happen
   mkdir -p "$save_dir"
   quote_command "$@" > "$save_dir/train.cmd"
   say "command: $save_dir/train.cmd; log: $save_dir/train.log"
   [ -f "$save_dir/train.log" ] && from="$(wc -c < "$save_dir/train.log")"
-  start_progress train "$save_dir/train.log" "$total" --start-updates "$done_updates"
+  start_progress train "$save_dir/train.log" "$total"
   "$@" >> "$save_dir/train.log" 2>&1 || status=$?
   stop_progress
   [ "$status" = 0 ] && return 0
@@ -276,6 +275,26 @@ run_fairseq_generate() {
     die "fairseq-generate failed (see $prefix.generate.err)"
   fi
   mv "$prefix.generate.log.tmp" "$prefix.generate.log"
+}
+
+# check_checkpoint: dies unless CHECKPOINT names an existing file (decoding
+# and scoring scripts; a damaged one is reported by run_fairseq.py).
+check_checkpoint() {
+  [ -n "${CHECKPOINT:-}" ] || die "set CHECKPOINT to a checkpoint from train.sh"
+  [ -f "$CHECKPOINT" ] || die "no checkpoint at CHECKPOINT=$CHECKPOINT"
+}
+
+# device_args cpu|gpu: prints fairseq's device flag for decoding: --cpu, or
+# --fp16 on a GPU.
+device_args() { if [ "$1" = gpu ]; then echo --fp16; else echo --cpu; fi; }
+
+# collect_hypotheses OUT_PREFIX SOURCES: OUT_PREFIX.generate.log's best
+# hypotheses in the order of SOURCES (the encoded input, a line each), with
+# SentencePiece removed, into OUT_PREFIX.hyp (scripts/collect_hypotheses.py:
+# refuses a log that misses or repeats a sentence).
+collect_hypotheses() {
+  "$PYTHON" "$REPO/scripts/collect_hypotheses.py" --generate-log "$1.generate.log" --sources "$2" \
+    --out "$1.hyp"
 }
 
 # run_with_line_progress OUTPUT TOTAL LABEL CMD...: runs CMD, which writes

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Show how far a long recipe step is, by following the file it writes.
 
-    python scripts/progress.py train SAVE_DIR/train.log --total 1500 [--start-updates 300]
+    python scripts/progress.py train SAVE_DIR/train.log --total 1500
     python scripts/progress.py lines OUT.generate.log.tmp --total 500 --prefix H- --label generate --unit sentences
     python scripts/progress.py lines OUT.tmp --total 3800000 --label prepare --unit lines
 
@@ -62,16 +62,14 @@ class Progress:
     caller passes the time, so a test replays a log with the clock it wants.
 
     The rate behind "left" is measured from the first progress line to the
-    latest one once there are two, so the start-up (loading data, building
-    the model) does not count as work; before that, from the start, when
-    the count at the start is known (start >= 0; -1: a resumed run whose
-    updates so far are not known).
+    latest one, so the start-up (loading data, building the model) and the
+    updates of a resumed run done before do not count as work: no estimate
+    until progress was seen at two moments.
     """
 
-    def __init__(self, kind, total, label, start=0, unit="lines", prefix="", now=0.0):
+    def __init__(self, kind, total, label, unit="lines", prefix="", now=0.0):
         self.kind, self.total, self.label, self.unit, self.prefix = kind, total, label, unit, prefix
-        self.start_done = start
-        self.done = max(0, start)
+        self.done = 0
         self.start_time = now
         self.first = None  # (time, done) of the first progress line
         self.loss = None
@@ -122,8 +120,8 @@ class Progress:
         """Seconds left at the rate seen so far, or None while unknown."""
         if self.total <= 0 or self.first is None:
             return None
-        t0, d0 = self.first if self.done > self.first[1] else (self.start_time, self.start_done)
-        if d0 < 0 or self.done <= d0 or now <= t0:
+        t0, d0 = self.first
+        if self.done <= d0 or now <= t0:
             return None
         return max(0, self.total - self.done) * (now - t0) / (self.done - d0)
 
@@ -226,8 +224,7 @@ def follow(args, stream=sys.stderr, clock=time.monotonic):
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signal.signal(signal.SIGINT, lambda *_: stop.append(True))
     start = clock()
-    progress = Progress(args.kind, args.total, args.label, start=args.start_updates, unit=args.unit,
-                        prefix=args.prefix, now=start)
+    progress = Progress(args.kind, args.total, args.label, unit=args.unit, prefix=args.prefix, now=start)
     console = Console(stream, args.step, tty=None)
     follower = Follower(args.file, args.from_byte)
     while True:
@@ -250,8 +247,6 @@ def parse_args(argv):
     parser.add_argument("kind", choices=("train", "lines"))
     parser.add_argument("file", help="the log or output file the job writes")
     parser.add_argument("--total", type=int, required=True, help="updates (train) or lines (lines) in all")
-    parser.add_argument("--start-updates", type=int, default=0, help="train: updates done before (a "
-                        "resumed run; -1: not known)")
     parser.add_argument("--from-byte", type=int, default=0, help="read the file from this offset (its size "
                         "before the job started, for a log that is appended to)")
     parser.add_argument("--prefix", default="", help="lines: count only the lines starting with this")

@@ -125,7 +125,6 @@ fairseq_train_launch
 CMD=("${LAUNCH[@]}" "${ARGS[@]}" "${LAUNCH_ARGS[@]}" "$@")
 
 if [ "$DRY_RUN" = 1 ]; then quote_command "${CMD[@]}"; exit 0; fi
-DONE_UPDATES=0
 # A finished run is not resumed: fairseq would take one more update past
 # --max-update and validate and save again.
 if [ -f "$SAVE_DIR/checkpoint_last.pt" ]; then
@@ -148,6 +147,6 @@ PY
   say "resuming from $SAVE_DIR/checkpoint_last.pt ($DONE_UPDATES of $MAX_UPDATE updates)"
 fi
 # The whole log goes to SAVE_DIR/train.log; the console shows the progress.
-run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "$DONE_UPDATES" "${CMD[@]}"
+run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "${CMD[@]}"
 [ -f "$SAVE_DIR/checkpoint_last.pt" ] || die "training ended without $SAVE_DIR/checkpoint_last.pt (see $SAVE_DIR/train.log)"
 say "done: $SAVE_DIR/checkpoint_best.pt"

@@ -92,9 +92,8 @@ if [ "$DRY_RUN" = 1 ]; then quote_command "${CMD[@]}"; exit 0; fi
 # A finished run is not resumed: fairseq would take one more update past
 # --max-update and validate and save again.
 if [ -f "$SAVE_DIR/done" ]; then say "$SAVE_DIR/done exists: training is finished, skipping"; exit 0; fi
-# The whole log goes to SAVE_DIR/train.log; the console shows the progress
-# (a run resumed from checkpoint_last.pt shows its updates from the log).
-run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" -1 "${CMD[@]}"
+# The whole log goes to SAVE_DIR/train.log; the console shows the progress.
+run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "${CMD[@]}"
 [ -f "$SAVE_DIR/checkpoint_best.pt" ] || die "training ended without $SAVE_DIR/checkpoint_best.pt (see $SAVE_DIR/train.log)"
 date -u +%FT%TZ > "$SAVE_DIR/done"
 say "done: $SAVE_DIR/checkpoint_best.pt"
