@@ -185,8 +185,8 @@ quote_command() { printf '%q ' "$@"; echo; }
 #          and one line per validation);
 #   lines: FILE grows a line per item (--prefix H-: only those lines count);
 #          TOTAL the lines in all ("[generate] 250/500 sentences (50%) ...").
-# A refreshed line on a terminal, else a line every 5% (--step). Starts
-# reading FILE at its present end (a log appended to across resumes). Runs in
+# A refreshed line on a terminal, else a line every 5% (--step). FILE is read
+# from its start (--from-byte N: from byte N, for a log appended to). Runs in
 # the background (PROGRESS_PID) and stops by itself when this script is gone;
 # an EXIT trap stops it too (a script with its own EXIT trap calls
 # stop_progress there). PROGRESS=0 shows nothing. Never fails the caller.
@@ -195,10 +195,8 @@ start_progress() {
   shift 3
   PROGRESS_PID=""
   [ "${PROGRESS:-1}" = 0 ] && return 0
-  local from=0
-  [ -f "$file" ] && from="$(wc -c < "$file")"
-  "$PYTHON" "$REPO/scripts/progress.py" "$kind" "$file" --total "$total" --from-byte "$from" \
-    --watch "$$" "$@" &
+  local shell="$BASHPID"  # this shell (read here: inside "... &" it is the child's own id)
+  "$PYTHON" "$REPO/scripts/progress.py" "$kind" "$file" --total "$total" --watch "$shell" "$@" &
   PROGRESS_PID=$!
   trap stop_progress EXIT
   return 0
@@ -242,7 +240,7 @@ run_fairseq_train() {
   quote_command "$@" > "$save_dir/train.cmd"
   say "command: $save_dir/train.cmd; log: $save_dir/train.log"
   [ -f "$save_dir/train.log" ] && from="$(wc -c < "$save_dir/train.log")"
-  start_progress train "$save_dir/train.log" "$total"
+  start_progress train "$save_dir/train.log" "$total" --from-byte "$from"
   "$@" >> "$save_dir/train.log" 2>&1 || status=$?
   stop_progress
   [ "$status" = 0 ] && return 0
@@ -299,13 +297,14 @@ collect_hypotheses() {
 
 # run_with_line_progress OUTPUT TOTAL LABEL CMD...: runs CMD, which writes
 # OUTPUT a line per input line (the scripts of prepare.sh write OUTPUT.tmp,
-# renamed at the end: give that), with "[LABEL] n/TOTAL lines" on the console
+# renamed at the end: give that; a stale one is removed first), with "[LABEL] n/TOTAL lines" on the console
 # when TOTAL is at least PROGRESS_MIN_LINES (default 100000: small files are
 # done before a line would help). Returns CMD's status.
 run_with_line_progress() {
   local output="$1" total="$2" label="$3" status=0
   shift 3
   if [ "$total" -ge "${PROGRESS_MIN_LINES:-100000}" ]; then
+    rm -f "$output"
     start_progress lines "$output" "$total" --label "$label"
   fi
   "$@" || status=$?

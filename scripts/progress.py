@@ -5,9 +5,10 @@
     python scripts/progress.py lines OUT.generate.log.tmp --total 500 --prefix H- --label generate --unit sentences
     python scripts/progress.py lines OUT.tmp --total 3800000 --label prepare --unit lines
 
-``train`` reads fairseq-train's log (``--log-format simple``, either logging
-layout: ``2026-11-23 10:00:00 | INFO | train_inner | epoch 001: ...`` or
-``INFO:train_inner:epoch 001: ...``) and prints
+``train`` reads fairseq-train's log (``--log-format simple`` or ``json``, in
+either logging layout: ``2026-11-23 10:00:00 | INFO | train_inner | epoch
+001: ...``, or ``INFO:train_inner:epoch 001: ...`` when something configured
+Python's logging before fairseq did) and prints
 
     [train] update 300/1500 (20%) loss 5.21 elapsed 2m10s left 8m40s
 
@@ -28,6 +29,7 @@ here, the job's own exit status is the caller's: the shell ignores ours.
 """
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -41,6 +43,8 @@ TRAIN_INNER = re.compile(r"\btrain_inner\b.*?\bnum_updates=(\d+)")
 INNER_LOSS = re.compile(r"\bloss=([-+0-9.eE]+|nan|inf)")
 VALID = re.compile(r"\bvalid on '([^']+)' subset\s*\|(.*)")
 BEGIN_VALID = re.compile(r"begin validation on ")
+# --log-format json: "| train_inner | {...}" or "INFO:valid:{...}".
+JSON_STATS = re.compile(r"(?:\| |INFO:)(train_inner|valid)[ |:]+(\{.*\})\s*$")
 # Validation fields worth a glance; the rest stays in the log.
 VALID_KEYS = ("loss", "ppl", "bleu", "rouge1", "rouge2", "rougeL", "accuracy", "mcc")
 
@@ -82,6 +86,19 @@ class Progress:
             if line.startswith(self.prefix):
                 self._count(self.done + 1, now)
             return None
+        m = JSON_STATS.search(line)
+        if m:
+            try:
+                stats = json.loads(m.group(2))
+            except ValueError:
+                return None
+            if m.group(1) == "train_inner":
+                line = "train_inner " + ", ".join(f"{k}={v}" for k, v in stats.items())
+            else:
+                subset = "valid"  # fairseq's json names the fields valid_<name>
+                fields = " | ".join(f"{k[len(subset) + 1:]} {v}" for k, v in stats.items()
+                                    if k.startswith(subset + "_"))
+                line = f"valid on '{subset}' subset | {fields}"
         m = TRAIN_INNER.search(line)
         if m:
             loss = INNER_LOSS.search(line)
@@ -205,16 +222,10 @@ class Follower:
         return [line.decode("utf-8", "replace") for line in complete]
 
 
-def alive(pid):
-    if not pid:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def alive(parent):
+    """Whether the process that started us (--watch) still runs: when it
+    ends, even killed and not yet reaped, we are handed to another parent."""
+    return not parent or os.getppid() == parent
 
 
 def follow(args, stream=sys.stderr, clock=time.monotonic):
@@ -254,7 +265,8 @@ def parse_args(argv):
     parser.add_argument("--unit", default="lines", help="lines: what a line is (sentences, lines)")
     parser.add_argument("--step", type=float, default=5.0, help="not on a terminal: a line every STEP "
                         "percent (default 5)")
-    parser.add_argument("--watch", type=int, default=0, help="stop when the process with this id is gone")
+    parser.add_argument("--watch", type=int, default=0, help="the id of the process that started this one "
+                        "(the shell's $BASHPID): stop when it is gone")
     parser.add_argument("--once", action="store_true", help="read the file once, print, and stop")
     args = parser.parse_args(argv)
     args.label = args.label or args.kind
