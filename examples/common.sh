@@ -172,6 +172,17 @@ fairseq_train_launch() {
   return 0
 }
 
+# schedule_args N: sets SCHEDULE_ARGS, fairseq-train flags that validate and
+# save every N updates and only then (not also at each epoch's end: the same
+# schedule whatever the corpus size; the final update always does both),
+# keeping checkpoint_last.pt, checkpoint_best.pt and the latest interval
+# checkpoint only.
+schedule_args() {
+  SCHEDULE_ARGS=(--validate-interval-updates "$1" --validate-interval 1000000
+                 --save-interval-updates "$1" --save-interval 1000000
+                 --keep-interval-updates 1 --no-epoch-checkpoints)
+}
+
 # quote_command CMD...: prints CMD as one shell-quoted line (what DRY_RUN=1
 # shows and SAVE_DIR/train.cmd keeps: paste it into a shell to run it again).
 quote_command() { printf '%q ' "$@"; echo; }
@@ -273,6 +284,50 @@ run_fairseq_generate() {
     die "fairseq-generate failed (see $prefix.generate.err)"
   fi
   mv "$prefix.generate.log.tmp" "$prefix.generate.log"
+}
+
+# ------------------------------------------------------------ preparing data
+
+# check_settings_file OUT SETTINGS: OUT/settings.txt keeps the settings a
+# prepared folder was made with; dies (saying both) when they differ from
+# SETTINGS, so that a changed setting never mixes old and new outputs; writes
+# the file when OUT has none.
+check_settings_file() {
+  local out="$1" settings="$2"
+  if [ -f "$out/settings.txt" ]; then
+    [ "$(cat "$out/settings.txt")" = "$settings" ] || die "$out was prepared with other settings:
+  before: $(cat "$out/settings.txt")
+  now:    $settings
+Use another OUT_DIR, or delete $out to start over."
+  else
+    echo "$settings" > "$out/settings.txt"
+  fi
+}
+
+# encode_pieces MODEL INPUT OUTPUT [sentencepiece_tool.py encode options]:
+# INPUT -> OUTPUT in SentencePiece pieces (scripts/sentencepiece_tool.py:
+# written as OUTPUT.tmp, renamed when whole), with "[script] n/N lines" on
+# the console for a large file (run_with_line_progress).
+encode_pieces() {
+  local model="$1" input="$2" output="$3"
+  shift 3
+  run_with_line_progress "$output.tmp" "$(wc -l < "$input")" "$(basename "$0" .sh)" \
+    "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" encode --model "$model" --input "$input" \
+    --output "$output" "$@"
+}
+
+# binarize OUT [fairseq-preprocess options]: runs fairseq-preprocess with
+# --destdir OUT/bin.tmp, its log in OUT/preprocess.log, and renames
+# OUT/bin.tmp to OUT/bin when it succeeds (an interrupted run leaves no
+# OUT/bin that looks finished). When it fails: the log's last 20 lines, then die.
+binarize() {
+  local out="$1"
+  shift
+  rm -rf "$out/bin.tmp"
+  "$PYTHON" -m fairseq_cli.preprocess "$@" --destdir "$out/bin.tmp" > "$out/preprocess.log" 2>&1 \
+    || { tail -20 "$out/preprocess.log" >&2; die "fairseq-preprocess failed (log: $out/preprocess.log)"; }
+  rm -rf "$out/bin"
+  mv "$out/bin.tmp" "$out/bin"
 }
 
 # check_checkpoint: dies unless CHECKPOINT names an existing file (decoding

@@ -102,6 +102,7 @@ if [ "$EVAL_ROUGE" = 1 ]; then
               --best-checkpoint-metric rouge1 --maximize-best-checkpoint-metric)
 fi
 
+schedule_args "$VALIDATE_INTERVAL_UPDATES"
 ARGS=("$DATA"
   --user-dir "$USER_DIR"
   --task translation_rouge --source-lang article --target-lang title
@@ -111,11 +112,7 @@ ARGS=("$DATA"
   --batch-size "$PER_PROC" --update-freq "$UPDATE_FREQ"
   --required-batch-size-multiple 1
   --seed "$SEED"
-  # Validate and save by updates only (not also at every epoch end): the
-  # same schedule whatever the corpus size; the final update is always both.
-  --validate-interval-updates "$VALIDATE_INTERVAL_UPDATES" --validate-interval 1000000
-  --save-interval-updates "$VALIDATE_INTERVAL_UPDATES" --save-interval 1000000
-  --keep-interval-updates 1 --no-epoch-checkpoints
+  "${SCHEDULE_ARGS[@]}"  # validate and save every VALIDATE_INTERVAL_UPDATES updates only
   "${ROUGE_ARGS[@]}"
   --save-dir "$SAVE_DIR"
   --log-format simple --log-interval "$LOG_INTERVAL")

@@ -57,6 +57,7 @@ check_run_settings  # SEED, DEVICE -> cpu|gpu, NPROC -> a count, WORLD
 split_batch BATCH_TOKENS "$BATCH_TOKENS" "$WORLD" "$MAX_TOKENS_PER_PROC" floor
 say "$ARCH ($SIZE, seed $SEED) on $WORLD $DEVICE process(es): $PER_PROC tokens x $WORLD x update-freq $UPDATE_FREQ ~ $BATCH_TOKENS per update, $MAX_UPDATE updates"
 
+schedule_args "$VALIDATE_INTERVAL_UPDATES"
 ARGS=("$DATA"
   --user-dir "$USER_DIR"
   --task translation --source-lang "$SRC" --target-lang "$TGT"
@@ -72,10 +73,7 @@ ARGS=("$DATA"
   --max-tokens "$PER_PROC" --update-freq "$UPDATE_FREQ"
   --max-update "$MAX_UPDATE"
   --seed "$SEED"
-  # Validate and save by updates only: the same schedule whatever the data size.
-  --validate-interval-updates "$VALIDATE_INTERVAL_UPDATES" --validate-interval 1000000
-  --save-interval-updates "$VALIDATE_INTERVAL_UPDATES" --save-interval 1000000
-  --keep-interval-updates 1 --no-epoch-checkpoints
+  "${SCHEDULE_ARGS[@]}"  # validate and save every VALIDATE_INTERVAL_UPDATES updates only
   # Validation BLEU: decode, remove SentencePiece, detokenized sacreBLEU.
   --eval-bleu --eval-bleu-remove-bpe sentencepiece
   --eval-bleu-args "{\"beam\": $EVAL_BLEU_BEAM, \"max_len_a\": 1.2, \"max_len_b\": 10}"
