@@ -187,6 +187,88 @@ schedule_args() {
 # shows and SAVE_DIR/train.cmd keeps: paste it into a shell to run it again).
 quote_command() { printf '%q ' "$@"; echo; }
 
+# ------------------------------------------------------------ seed loops
+
+# run_jobs FUNCTION LOG_OF NAME:SEED...: runs "FUNCTION NAME SEED" for every
+# NAME:SEED (e.g. transformer_hnas:3: an architecture or a task, and a seed),
+# JOBS at a time, each shown as "NAME seed SEED":
+#   JOBS=1 (default): one after the other, here, output on the console;
+#   JOBS=N: N at once, each in the background with its output in the file
+#     that "LOG_OF NAME SEED" prints; on GPUs (DEVICE gpu, or auto with a GPU) each
+#     job gets one GPU, those of GPUS (default CUDA_VISIBLE_DEVICES, else all)
+#     taken in turn, and NPROC=1; on CPU the cores are shared (CPU_THREADS
+#     each, default the cores / JOBS). Each job runs in its own process group,
+#     so Ctrl-C or a kill of the script stops every process of every running
+#     job, and nothing else ("interrupted: ..." and exit 130).
+# FUNCTION sees the recipe's variables and runs in a subshell when JOBS > 1.
+# Sets JOBS_FAILED to the number of failed jobs (JOBS > 1; with JOBS=1 the
+# first failure ends the script, as under set -e).
+run_jobs() {
+  local job_function="$1" log_of="$2"
+  shift 2
+  JOBS_FAILED=0
+  local item
+  if [ "${JOBS:-1}" = 1 ]; then
+    for item in "$@"; do "$job_function" "${item%%:*}" "${item#*:}"; done
+    return 0
+  fi
+  local gpu_list=() where log n=0 gpus="${GPUS:-}"
+  if [ "$(resolve_device "${DEVICE:-auto}")" = gpu ]; then
+    [ -n "$gpus" ] || gpus="${CUDA_VISIBLE_DEVICES:-$("$PYTHON" -c 'import torch; print(",".join(map(str, range(torch.cuda.device_count()))))')}"
+    IFS=', ' read -r -a gpu_list <<< "$gpus"
+    export NPROC=1
+  else
+    export CPU_THREADS="${CPU_THREADS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}"
+  fi
+  set -m
+  JOB_PIDS=()
+  JOB_NAMES=()
+  trap _stop_jobs INT TERM
+  for item in "$@"; do
+    while [ "${#JOB_PIDS[@]}" -ge "$JOBS" ]; do _reap_job; done
+    log="$("$log_of" "${item%%:*}" "${item#*:}")"
+    if [ "${#gpu_list[@]}" -gt 0 ]; then
+      local gpu="${gpu_list[$((n % ${#gpu_list[@]}))]}"
+      where="GPU $gpu"
+      ( export CUDA_VISIBLE_DEVICES="$gpu"; "$job_function" "${item%%:*}" "${item#*:}" ) >> "$log" 2>&1 &
+    else
+      where="CPU, $CPU_THREADS threads"
+      ( "$job_function" "${item%%:*}" "${item#*:}" ) >> "$log" 2>&1 &
+    fi
+    JOB_PIDS+=("$!"); JOB_NAMES+=("${item//:/ seed }")
+    say "${item//:/ seed }: started ($where; log: $log)"
+    n=$((n + 1))
+  done
+  while [ "${#JOB_PIDS[@]}" -gt 0 ]; do _reap_job; done
+  set +m
+  trap - INT TERM
+}
+
+# (run_jobs) Stop every running job's process group, then exit 130.
+_stop_jobs() {
+  trap - INT TERM
+  local pid
+  for pid in ${JOB_PIDS[@]+"${JOB_PIDS[@]}"}; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  say "interrupted: running jobs stopped; re-run the same command to resume"
+  exit 130
+}
+
+# (run_jobs) Wait until one job ends; count it in JOBS_FAILED if it failed.
+_reap_job() {
+  local i
+  while :; do
+    for i in "${!JOB_PIDS[@]}"; do
+      if ! kill -0 "${JOB_PIDS[$i]}" 2>/dev/null; then
+        if wait "${JOB_PIDS[$i]}"; then say "${JOB_NAMES[$i]}: finished"
+        else JOBS_FAILED=$((JOBS_FAILED + 1)); say "${JOB_NAMES[$i]}: FAILED (see its log)"; fi
+        unset "JOB_PIDS[$i]" "JOB_NAMES[$i]"
+        return 0
+      fi
+    done
+    sleep 1
+  done
+}
+
 # ------------------------------------------------------------ progress lines
 
 # start_progress KIND FILE TOTAL [scripts/progress.py options]: shows on the
