@@ -182,17 +182,15 @@ class Console:
         self.open_line = False
 
     def update(self, progress, now, last=False):
-        if progress.first is None and not last:
-            return  # nothing counted yet: no line of zeros
+        if progress.first is None:
+            return  # nothing counted (yet): no line of zeros
         text = progress.render(now)
         if self.tty:
             self._write("\r\x1b[K" + text + ("\n" if last else ""))
             self.open_line = not last
             return
         bucket = int(progress.percent() // self.step) if self.step > 0 else progress.done
-        if bucket != self.shown_bucket or (last and progress.first is not None):
-            if last and bucket == self.shown_bucket:
-                return  # the last line would repeat the one just shown
+        if bucket != self.shown_bucket:  # the last line too: a repeat of it is not shown
             self._write(text + "\n")
             self.shown_bucket = bucket
 

@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from helpers import ROOT
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (not helpers: no fairseq import)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import progress  # noqa: E402
 
