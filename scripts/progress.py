@@ -76,6 +76,7 @@ class Progress:
         self.done = 0
         self.start_time = now
         self.first = None  # (time, done) of the first progress line
+        self.last_time = now  # when the latest count was seen
         self.loss = None
         self.validating = False
 
@@ -128,19 +129,21 @@ class Progress:
     def _count(self, done, now):
         if self.first is None:
             self.first = (now, done)
-        self.done = done
+        self.done, self.last_time = done, now
 
     def percent(self):
         return min(100.0, 100.0 * self.done / self.total) if self.total > 0 else 0.0
 
     def left(self, now):
-        """Seconds left at the rate seen so far, or None while unknown."""
+        """Seconds left at the rate seen from the first to the latest count
+        (counting down between counts), or None while unknown."""
         if self.total <= 0 or self.first is None:
             return None
         t0, d0 = self.first
-        if self.done <= d0 or now <= t0:
+        if self.done <= d0 or self.last_time <= t0:
             return None
-        return max(0, self.total - self.done) * (now - t0) / (self.done - d0)
+        finish = self.last_time + max(0, self.total - self.done) * (self.last_time - t0) / (self.done - d0)
+        return max(0.0, finish - now)
 
     def render(self, now):
         if self.kind == "train":

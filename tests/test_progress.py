@@ -98,6 +98,12 @@ def test_train_log_of_the_recipe_gives_updates_loss_time_left_and_validations():
     assert lines[-1].startswith("[train] validation at update 30: loss 4.575 ppl 22.57 rouge1 3.33")
     assert "left" not in lines[-2]  # done: nothing left
     assert p.done == 30 and p.loss == "4.763"
+    # Between two log lines the time left counts down (5 updates a second here).
+    q = progress.Progress("train", 30, "train", now=0.0)
+    q.feed(RUN_FAIRSEQ_LOG.splitlines()[2], 3.0)
+    assert q.left(3.5) is None  # one count: no rate yet
+    q.feed(RUN_FAIRSEQ_LOG.splitlines()[3], 4.0)
+    assert q.left(4.0) == pytest.approx(4.0) and q.left(6.0) == pytest.approx(2.0) and q.left(9.0) == 0
 
 
 def test_fairseq_train_layout_and_json_format_read_the_same():
