@@ -312,6 +312,23 @@ stop_progress() {
   return 0
 }
 
+# run_with_line_progress OUTPUT TOTAL LABEL CMD...: runs CMD, which writes
+# OUTPUT a line per input line (the scripts of prepare.sh write OUTPUT.tmp,
+# renamed at the end: give that; a stale one is removed first), with "[LABEL] n/TOTAL lines" on the console
+# when TOTAL is at least PROGRESS_MIN_LINES (default 100000: small files are
+# done before a line would help). Returns CMD's status.
+run_with_line_progress() {
+  local output="$1" total="$2" label="$3" status=0
+  shift 3
+  if [ "$total" -ge "${PROGRESS_MIN_LINES:-100000}" ]; then
+    rm -f "$output"
+    start_progress lines "$output" "$total" --label "$label"
+  fi
+  "$@" || status=$?
+  stop_progress
+  return "$status"
+}
+
 # last_error_line FILE FROM_BYTE: prints the last line of FILE after byte
 # FROM_BYTE that starts with "error: " (scripts/run_fairseq.py's one-line
 # report of a bad checkpoint or data file), without that prefix; nothing if none.
@@ -368,6 +385,28 @@ run_fairseq_generate() {
   mv "$prefix.generate.log.tmp" "$prefix.generate.log"
 }
 
+# ------------------------------------------------------------ decoding
+
+# check_checkpoint: dies unless CHECKPOINT names an existing file (decoding
+# and scoring scripts; a damaged one is reported by run_fairseq.py).
+check_checkpoint() {
+  [ -n "${CHECKPOINT:-}" ] || die "set CHECKPOINT to a checkpoint from train.sh"
+  [ -f "$CHECKPOINT" ] || die "no checkpoint at CHECKPOINT=$CHECKPOINT"
+}
+
+# device_args cpu|gpu: prints fairseq's device flag for decoding: --cpu, or
+# --fp16 on a GPU.
+device_args() { if [ "$1" = gpu ]; then echo --fp16; else echo --cpu; fi; }
+
+# collect_hypotheses OUT_PREFIX SOURCES: OUT_PREFIX.generate.log's best
+# hypotheses in the order of SOURCES (the encoded input, a line each), with
+# SentencePiece removed, into OUT_PREFIX.hyp (scripts/collect_hypotheses.py:
+# refuses a log that misses or repeats a sentence).
+collect_hypotheses() {
+  "$PYTHON" "$REPO/scripts/collect_hypotheses.py" --generate-log "$1.generate.log" --sources "$2" \
+    --out "$1.hyp"
+}
+
 # ------------------------------------------------------------ preparing data
 
 # check_settings_file OUT SETTINGS: OUT/settings.txt keeps the settings a
@@ -410,41 +449,4 @@ binarize() {
     || { tail -20 "$out/preprocess.log" >&2; die "fairseq-preprocess failed (log: $out/preprocess.log)"; }
   rm -rf "$out/bin"
   mv "$out/bin.tmp" "$out/bin"
-}
-
-# check_checkpoint: dies unless CHECKPOINT names an existing file (decoding
-# and scoring scripts; a damaged one is reported by run_fairseq.py).
-check_checkpoint() {
-  [ -n "${CHECKPOINT:-}" ] || die "set CHECKPOINT to a checkpoint from train.sh"
-  [ -f "$CHECKPOINT" ] || die "no checkpoint at CHECKPOINT=$CHECKPOINT"
-}
-
-# device_args cpu|gpu: prints fairseq's device flag for decoding: --cpu, or
-# --fp16 on a GPU.
-device_args() { if [ "$1" = gpu ]; then echo --fp16; else echo --cpu; fi; }
-
-# collect_hypotheses OUT_PREFIX SOURCES: OUT_PREFIX.generate.log's best
-# hypotheses in the order of SOURCES (the encoded input, a line each), with
-# SentencePiece removed, into OUT_PREFIX.hyp (scripts/collect_hypotheses.py:
-# refuses a log that misses or repeats a sentence).
-collect_hypotheses() {
-  "$PYTHON" "$REPO/scripts/collect_hypotheses.py" --generate-log "$1.generate.log" --sources "$2" \
-    --out "$1.hyp"
-}
-
-# run_with_line_progress OUTPUT TOTAL LABEL CMD...: runs CMD, which writes
-# OUTPUT a line per input line (the scripts of prepare.sh write OUTPUT.tmp,
-# renamed at the end: give that; a stale one is removed first), with "[LABEL] n/TOTAL lines" on the console
-# when TOTAL is at least PROGRESS_MIN_LINES (default 100000: small files are
-# done before a line would help). Returns CMD's status.
-run_with_line_progress() {
-  local output="$1" total="$2" label="$3" status=0
-  shift 3
-  if [ "$total" -ge "${PROGRESS_MIN_LINES:-100000}" ]; then
-    rm -f "$output"
-    start_progress lines "$output" "$total" --label "$label"
-  fi
-  "$@" || status=$?
-  stop_progress
-  return "$status"
 }
