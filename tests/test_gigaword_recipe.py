@@ -145,6 +145,10 @@ def test_quickstart_chain_on_real_gigaword_reaches_the_rouge_floor(gigaword_dir,
     assert len(hyps) == 500  # one headline per test source, none dropped (500 % 8 != 0)
     assert sum(1 for h in hyps if h.strip()) >= 495
     assert proc.stdout.count("generated: ") == 5 and "ROUGE-1" in proc.stdout
+    # Progress on the console (stderr, not a terminal: a line every 5%).
+    assert "[train] update 1500/1500 (100%) loss " in proc.stderr, proc.stderr[-3000:]
+    assert "[generate] 500/500 sentences (100%)" in proc.stderr, proc.stderr[-3000:]
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("[train] update ")]) >= 10
     with open(tmp_path / "results/transformer_hnas.rouge.json") as f:
         model = json.load(f)
     with open(tmp_path / "results/lead8.rouge.json") as f:

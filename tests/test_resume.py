@@ -88,6 +88,15 @@ def _state(path):
 def test_killed_run_resumes_to_the_same_parameters_bitwise(data, killer, tmp_path, arch, kill_at):
     alone = _train(data, killer, arch, tmp_path / "alone")
     assert alone.returncode == 0, (alone.stdout + alone.stderr)[-4000:]
+    # The console (not a terminal here) shows the progress, a line every 5%
+    # (LOG_INTERVAL=1: each of the 30 updates is a 3.3% step), and the
+    # validations; fairseq's whole log is in train.log only.
+    progress = [line for line in alone.stderr.splitlines() if line.startswith("[train] update ")]
+    assert 15 <= len(progress) <= 30 and progress[-1].startswith("[train] update 30/30 (100%) loss "), \
+        alone.stderr[-3000:]
+    assert "[train] validation at update 8: loss " in alone.stderr
+    assert "train_inner" not in alone.stdout + alone.stderr
+    assert "num_updates=30" in (tmp_path / "alone" / "train.log").read_text()
 
     killed = _train(data, killer, arch, tmp_path / "killed", kill_at)
     assert killed.returncode != 0 and os.path.exists(str(tmp_path / "killed") + ".killed")

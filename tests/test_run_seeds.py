@@ -65,6 +65,9 @@ def test_two_jobs_at_once_stopped_and_resumed(setup):
     assert again.returncode == 0, again.stderr[-4000:]
     logs = "".join((tmp_path / "results" / arch / "seed1.log").read_text() for arch in ARCHS)
     assert "resuming from" in logs, logs[-3000:]
+    # Each job's console: training and decoding progress (21 test sentences).
+    assert logs.count("[train] update 40/40 (100%)") == 2, logs[-3000:]
+    assert logs.count("[generate] 21/21 sentences (100%)") == 2, logs[-3000:]
     table = (tmp_path / "results" / "table.md").read_text()
     for name in ("DNAS encoder | 1 |", "HNAS encoder | 1 |", "lead-3 | 1 |"):
         assert name in table, table

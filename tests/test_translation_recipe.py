@@ -124,6 +124,10 @@ def test_quickstart_chain_on_real_multi30k_reaches_the_bleu_floor(multi30k_dir, 
     hyps = _lines(tmp_path / "results/transformer_hnas.hyp")
     assert len(hyps) == 200 and sum(1 for h in hyps if h.strip()) >= 198
     assert proc.stdout.count("translation: ") == 3 and "BLEU" in proc.stdout
+    # Progress on the console (stderr, not a terminal: a line every 5%).
+    assert "[train] update 200/200 (100%) loss " in proc.stderr, proc.stderr[-3000:]
+    assert "[generate] 200/200 sentences (100%)" in proc.stderr, proc.stderr[-3000:]
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("[train] update ")]) >= 10
     with open(tmp_path / "results/transformer_hnas.bleu.json") as f:
         result = json.load(f)
     assert result["sentences"] == 200 and result["bleu"]["signature"].startswith("nrefs:1|")

@@ -32,8 +32,7 @@ LABEL="${LABEL:-}"                         # name stored in the ROUGE JSON (e.g.
 
 source "$(dirname "$0")/../common.sh"
 check_python
-[ -n "$CHECKPOINT" ] || die "set CHECKPOINT to a checkpoint from train.sh"
-[ -f "$CHECKPOINT" ] || die "no checkpoint at CHECKPOINT=$CHECKPOINT"
+check_checkpoint
 [ -f "$DATA/bin/dict.article.txt" ] || die "no prepared data in DATA=$DATA (expected prepare.sh's OUT_DIR with bin/)"
 case "$SUBSET" in
   test) REF="$DATA/raw/test.title" ;;      # raw: scored as released
@@ -41,7 +40,6 @@ case "$SUBSET" in
   *) die "SUBSET=$SUBSET: choose test or valid" ;;
 esac
 DEVICE="$(resolve_device "$DEVICE")"
-DEVICE_ARGS=(--cpu); [ "$DEVICE" = gpu ] && DEVICE_ARGS=(--fp16)
 mkdir -p "$(dirname "$OUT_PREFIX")"
 # Results of an earlier run must not survive a failed one and look like its own.
 rm -f "$OUT_PREFIX.hyp" "$OUT_PREFIX.rouge.json"
@@ -58,7 +56,9 @@ say "decoding $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
 # needed even for the plain transformer baseline.
 # --required-batch-size-multiple 1: otherwise the fairseq builds that import on
 # Python 3.11 drop the last partial batch (7 of the 1,951 test sentences).
-"$PYTHON" "$REPO/scripts/run_fairseq.py" generate "$DATA/bin" \
+# The console shows the sentences decoded; a bad file ends in one line.
+run_fairseq_generate "$OUT_PREFIX" "$(wc -l < "$SOURCES")" \
+  "$PYTHON" "$REPO/scripts/run_fairseq.py" generate "$DATA/bin" \
   --user-dir "$USER_DIR" \
   --task translation --source-lang article --target-lang title \
   --path "$CHECKPOINT" \
@@ -71,19 +71,8 @@ say "decoding $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
   --max-len-b "$MAX_LEN_B" \
   --batch-size "$BATCH_SIZE" \
   --required-batch-size-multiple 1 \
-  "${DEVICE_ARGS[@]}" \
-  > "$OUT_PREFIX.generate.log.tmp" 2> "$OUT_PREFIX.generate.err" \
-  || { rm -f "$OUT_PREFIX.generate.log.tmp"
-       # A bad checkpoint or data file: run_fairseq.py's one line says which and why.
-       last="$(tail -1 "$OUT_PREFIX.generate.err")"
-       case "$last" in "error: "*) die "${last#error: }" ;; esac
-       tail -20 "$OUT_PREFIX.generate.err" >&2; die "fairseq-generate failed (see $OUT_PREFIX.generate.err)"; }
-mv "$OUT_PREFIX.generate.log.tmp" "$OUT_PREFIX.generate.log"
-
-"$PYTHON" "$REPO/scripts/collect_hypotheses.py" \
-  --generate-log "$OUT_PREFIX.generate.log" \
-  --sources "$SOURCES" \
-  --out "$OUT_PREFIX.hyp"
+  "$(device_args "$DEVICE")"
+collect_hypotheses "$OUT_PREFIX" "$SOURCES"
 
 if [ "$SCORE" = 1 ]; then
   LABEL_ARGS=(); [ -n "$LABEL" ] && LABEL_ARGS=(--label "$LABEL")

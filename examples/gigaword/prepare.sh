@@ -66,14 +66,7 @@ done
 
 # A changed setting would silently mix old and new outputs: refuse instead.
 SETTINGS="sumdata=$SUMDATA vocab=$VOCAB_SIZE spm_type=$SPM_TYPE spm_sample=$SPM_SAMPLE src=$MAX_SOURCE_PIECES tgt=$MAX_TARGET_PIECES train=$MAX_TRAIN_PAIRS valid=$MAX_VALID_PAIRS test=$MAX_TEST_PAIRS extra=$EXTRA_TRAIN unk_to=$UNK_TO decontaminate=$DECONTAMINATE"
-if [ -f "$OUT/settings.txt" ]; then
-  [ "$(cat "$OUT/settings.txt")" = "$SETTINGS" ] || die "$OUT was prepared with other settings:
-  before: $(cat "$OUT/settings.txt")
-  now:    $SETTINGS
-Use another OUT_DIR, or delete $OUT to start over."
-else
-  echo "$SETTINGS" > "$OUT/settings.txt"
-fi
+check_settings_file "$OUT" "$SETTINGS"
 
 PAIRS=("$PYTHON" "$REPO/scripts/gigaword_pairs.py" --unk-to "$UNK_TO")
 mkdir -p "$OUT/text" "$OUT/raw" "$OUT/spm"
@@ -121,10 +114,7 @@ for split in train valid test; do
     limit="$MAX_SOURCE_PIECES"; [ "$side" = title ] && limit="$MAX_TARGET_PIECES"
     if [ -f "$OUT/spm/$split.$side" ]; then continue; fi
     say "3/4 encoding $split.$side"
-    "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" encode \
-      --model "$OUT/spm/sentencepiece.model" \
-      --input "$OUT/text/$split.$side" \
-      --output "$OUT/spm/$split.$side" \
+    encode_pieces "$OUT/spm/sentencepiece.model" "$OUT/text/$split.$side" "$OUT/spm/$split.$side" \
       --max-pieces "$limit"
   done
 done
@@ -132,19 +122,14 @@ done
 # 4. Binarize with one dictionary for both sides.
 if [ -f "$OUT/bin/dict.article.txt" ]; then say "4/4 binarized data: done already"; else
   say "4/4 fairseq-preprocess"
-  rm -rf "$OUT/bin.tmp"
-  "$PYTHON" -m fairseq_cli.preprocess \
+  binarize "$OUT" \
     --source-lang article \
     --target-lang title \
     --trainpref "$OUT/spm/train" \
     --validpref "$OUT/spm/valid" \
     --testpref "$OUT/spm/test" \
-    --destdir "$OUT/bin.tmp" \
     --joined-dictionary \
-    --workers "$WORKERS" > "$OUT/preprocess.log" 2>&1 \
-    || { tail -20 "$OUT/preprocess.log" >&2; die "fairseq-preprocess failed (log: $OUT/preprocess.log)"; }
-  rm -rf "$OUT/bin"
-  mv "$OUT/bin.tmp" "$OUT/bin"
+    --workers "$WORKERS"
 fi
 
 say "ready: $OUT/bin ($(wc -l < "$OUT/spm/train.article") train, $(wc -l < "$OUT/spm/valid.article") valid, $(wc -l < "$OUT/spm/test.article") test pairs; dictionary $(wc -l < "$OUT/bin/dict.article.txt") types)"

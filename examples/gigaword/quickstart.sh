@@ -46,9 +46,7 @@ say "2/4 train a tiny $ARCH model for $MAX_UPDATE updates (log: $CKPT/train.log)
 DATA="$DATA/bin" ARCH="$ARCH" SIZE=tiny PRESET=fast SEED=1 DEVICE="$DEVICE" \
   BATCH_SENTENCES=64 MAX_SENTENCES_PER_PROC=64 MAX_UPDATE="$MAX_UPDATE" LR=1e-3 WARMUP_UPDATES=100 \
   VALIDATE_INTERVAL_UPDATES="$MAX_UPDATE" EVAL_ROUGE=1 EVAL_ROUGE_SENTENCES="$VALID_PAIRS" \
-  LOG_INTERVAL=100 SAVE_DIR="$CKPT" bash "$HERE/train.sh" \
-  | awk -F' [|] ' '/train_inner|valid on/ { print "  " substr($0, index($0, $4)); fflush() }'
-
+  LOG_INTERVAL=50 SAVE_DIR="$CKPT" bash "$HERE/train.sh"
 
 say "3/4 generate headlines for the $TEST_PAIRS test articles"
 DATA="$DATA" CHECKPOINT="$CKPT/checkpoint_best.pt" OUT_PREFIX="$WORK_DIR/results/$ARCH" \

@@ -71,69 +71,10 @@ for seed in $SEEDS; do
   done
 done
 
-if [ "$JOBS" = 1 ]; then
-  for job in ${TODO[@]+"${TODO[@]}"}; do
-    run_job "${job%%:*}" "${job#*:}"
-  done
-else
-  # Where each job runs: one GPU each, in turn; on CPU a share of the cores.
-  if [ "$(resolve_device "${DEVICE:-auto}")" = gpu ]; then
-    [ -n "$GPUS" ] || GPUS="${CUDA_VISIBLE_DEVICES:-$("$PYTHON" -c 'import torch; print(",".join(map(str, range(torch.cuda.device_count()))))')}"
-    IFS=', ' read -r -a GPU_LIST <<< "$GPUS"
-    export NPROC=1
-  else
-    GPU_LIST=()
-    export CPU_THREADS="${CPU_THREADS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}"
-  fi
-  # Each job in its own process group (set -m), so that stopping this script
-  # stops every process of every running job, and nothing else.
-  set -m
-  PIDS=()
-  NAMES=()
-  stop_jobs() {
-    trap - INT TERM
-    local pid
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-    say "interrupted: running jobs stopped; re-run the same command to resume"
-    exit 130
-  }
-  trap stop_jobs INT TERM
-  FAILED=0
-  # Wait for one slot to free up; its job's status is collected.
-  reap() {
-    local i
-    while :; do
-      for i in "${!PIDS[@]}"; do
-        if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-          if wait "${PIDS[$i]}"; then say "${NAMES[$i]}: finished"
-          else FAILED=$((FAILED + 1)); say "${NAMES[$i]}: FAILED (see its log)"; fi
-          unset "PIDS[$i]" "NAMES[$i]"
-          return 0
-        fi
-      done
-      sleep 1
-    done
-  }
-  n=0
-  for job in ${TODO[@]+"${TODO[@]}"}; do
-    while [ "${#PIDS[@]}" -ge "$JOBS" ]; do reap; done
-    arch="${job%%:*}"; seed="${job#*:}"; log="$RESULTS/$arch/seed$seed.log"
-    if [ "${#GPU_LIST[@]}" -gt 0 ]; then
-      gpu="${GPU_LIST[$((n % ${#GPU_LIST[@]}))]}"; where="GPU $gpu"
-      ( export CUDA_VISIBLE_DEVICES="$gpu"; run_job "$arch" "$seed" ) >> "$log" 2>&1 &
-    else
-      where="CPU, $CPU_THREADS threads"
-      ( run_job "$arch" "$seed" ) >> "$log" 2>&1 &
-    fi
-    PIDS+=("$!"); NAMES+=("$arch seed $seed")
-    say "$arch seed $seed: started ($where; log: $log)"
-    n=$((n + 1))
-  done
-  while [ "${#PIDS[@]}" -gt 0 ]; do reap; done
-  set +m
-  trap - INT TERM
-  [ "$FAILED" = 0 ] || die "$FAILED of ${#TODO[@]} jobs failed (see their logs under $RESULTS); re-run to retry them"
-fi
+# JOBS at a time (examples/common.sh); each job's log with JOBS > 1:
+log_of() { echo "$RESULTS/$1/seed$2.log"; }
+run_jobs run_job log_of ${TODO[@]+"${TODO[@]}"}
+[ "$JOBS_FAILED" = 0 ] || die "$JOBS_FAILED of ${#TODO[@]} jobs failed (see their logs under $RESULTS); re-run to retry them"
 
 if [ "$LEAD_WORDS" -gt 0 ]; then
   mkdir -p "$RESULTS/lead$LEAD_WORDS"

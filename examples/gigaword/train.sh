@@ -48,10 +48,7 @@ source "$(dirname "$0")/../common.sh"
 check_python
 [ -f "$DATA/dict.article.txt" ] || die "no binarized data in DATA=$DATA (run prepare.sh, then point DATA at OUT_DIR/bin)"
 
-case "$ARCH" in
-  transformer|transformer_dnas|transformer_hnas) ;;
-  *) die "ARCH=$ARCH: choose transformer (UNAS baseline), transformer_dnas or transformer_hnas" ;;
-esac
+check_choice ARCH "transformer (UNAS baseline)" transformer_dnas transformer_hnas
 # Every size starts from the paper's Gigaword preset (shared word-piece
 # embeddings, learned positions, GELU, 128/64 positions, HNAS u = 0.1) and
 # overrides only the sizes. transformer_gigaword is fairseq's own model.
@@ -91,24 +88,12 @@ case "$PRESET" in
   *) die "PRESET=$PRESET: choose paper or fast" ;;
 esac
 
-DEVICE="$(resolve_device "$DEVICE")"
-if [ "$NPROC" = 0 ]; then
-  if [ "$DEVICE" = gpu ]; then NPROC="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')"; else NPROC=1; fi
-fi
-[ "$NPROC" -ge 1 ] 2>/dev/null || die "NPROC=$NPROC: no GPU found or not a positive number (DEVICE=cpu trains on CPU)"
-WORLD=$((NPROC * NNODES))
-
+check_run_settings  # SEED, DEVICE -> cpu|gpu, NPROC -> a count, WORLD
 # Effective batch = per-process batch x processes x --update-freq, exactly.
-[ $((BATCH_SENTENCES % WORLD)) = 0 ] || die "BATCH_SENTENCES=$BATCH_SENTENCES cannot be split evenly over $WORLD processes; choose a multiple of $WORLD"
-PER_WORLD=$((BATCH_SENTENCES / WORLD))
-UPDATE_FREQ=$(( (PER_WORLD + MAX_SENTENCES_PER_PROC - 1) / MAX_SENTENCES_PER_PROC ))
-while [ $((PER_WORLD % UPDATE_FREQ)) != 0 ]; do UPDATE_FREQ=$((UPDATE_FREQ + 1)); done
-PER_PROC=$((PER_WORLD / UPDATE_FREQ))
+split_batch BATCH_SENTENCES "$BATCH_SENTENCES" "$WORLD" "$MAX_SENTENCES_PER_PROC" exact
 say "$ARCH ($SIZE, preset $PRESET, seed $SEED) on $WORLD $DEVICE process(es): $PER_PROC sentences x $WORLD x update-freq $UPDATE_FREQ = $BATCH_SENTENCES per update, $MAX_UPDATE updates"
 
 ARCH_NAME="${ARCH}_gigaword"
-# fairseq-train, with a bad checkpoint or data file reported in one line.
-FAIRSEQ="$REPO/scripts/run_fairseq.py"
 ROUGE_ARGS=()
 if [ "$EVAL_ROUGE" = 1 ]; then
   ROUGE_ARGS=(--eval-rouge --eval-rouge-remove-bpe sentencepiece
@@ -117,6 +102,7 @@ if [ "$EVAL_ROUGE" = 1 ]; then
               --best-checkpoint-metric rouge1 --maximize-best-checkpoint-metric)
 fi
 
+schedule_args "$VALIDATE_INTERVAL_UPDATES"
 ARGS=("$DATA"
   --user-dir "$USER_DIR"
   --task translation_rouge --source-lang article --target-lang title
@@ -126,49 +112,16 @@ ARGS=("$DATA"
   --batch-size "$PER_PROC" --update-freq "$UPDATE_FREQ"
   --required-batch-size-multiple 1
   --seed "$SEED"
-  # Validate and save by updates only (not also at every epoch end): the
-  # same schedule whatever the corpus size; the final update is always both.
-  --validate-interval-updates "$VALIDATE_INTERVAL_UPDATES" --validate-interval 1000000
-  --save-interval-updates "$VALIDATE_INTERVAL_UPDATES" --save-interval 1000000
-  --keep-interval-updates 1 --no-epoch-checkpoints
+  "${SCHEDULE_ARGS[@]}"  # validate and save every VALIDATE_INTERVAL_UPDATES updates only
   "${ROUGE_ARGS[@]}"
   --save-dir "$SAVE_DIR"
   --log-format simple --log-interval "$LOG_INTERVAL")
 
-# One node: torchrun picks a free port itself (--standalone).
-if [ "$NNODES" = 1 ]; then
-  TORCHRUN=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
-else
-  TORCHRUN=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --nnodes "$NNODES"
-            --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
-fi
-if [ "$DEVICE" = gpu ]; then
-  ARGS+=(--fp16)
-  if [ "$WORLD" -gt 1 ]; then
-    # fairseq reads torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE).
-    LAUNCH=("${TORCHRUN[@]}" "$FAIRSEQ" train)
-    ARGS+=(--distributed-world-size "$WORLD")
-  else
-    LAUNCH=("$PYTHON" "$FAIRSEQ" train)
-  fi
-else
-  ARGS+=(--cpu)
-  export OMP_NUM_THREADS=$(( CPU_THREADS / NPROC > 0 ? CPU_THREADS / NPROC : 1 ))
-  if [ "$WORLD" -gt 1 ]; then
-    # fairseq only sets up torchrun's environment for GPUs; on CPU we give the
-    # init method ourselves. --distributed-rank -1 lets torch read each
-    # process's RANK from torchrun's environment; gloo is the CPU backend and
-    # legacy_ddp fairseq's DDP that works on CPU modules (torch's DDP wrapper
-    # is given a GPU device id by fairseq).
-    LAUNCH=("${TORCHRUN[@]}" "$FAIRSEQ" train)
-    ARGS+=(--distributed-world-size "$WORLD" --distributed-init-method env:// --distributed-rank -1
-           --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp)
-  else
-    LAUNCH=("$PYTHON" "$FAIRSEQ" train)
-  fi
-fi
+# LAUNCH: python or torchrun; LAUNCH_ARGS: --fp16 / --cpu and the process group.
+fairseq_train_launch
+CMD=("${LAUNCH[@]}" "${ARGS[@]}" "${LAUNCH_ARGS[@]}" "$@")
 
-if [ "$DRY_RUN" = 1 ]; then printf '%q ' "${LAUNCH[@]}" "${ARGS[@]}" "$@"; echo; exit 0; fi
+if [ "$DRY_RUN" = 1 ]; then quote_command "${CMD[@]}"; exit 0; fi
 # A finished run is not resumed: fairseq would take one more update past
 # --max-update and validate and save again.
 if [ -f "$SAVE_DIR/checkpoint_last.pt" ]; then
@@ -190,10 +143,7 @@ PY
   fi
   say "resuming from $SAVE_DIR/checkpoint_last.pt ($DONE_UPDATES of $MAX_UPDATE updates)"
 fi
-export PYTHONUNBUFFERED=1  # progress lines reach the log (and any pipe) as they happen
-mkdir -p "$SAVE_DIR"
-printf '%q ' "${LAUNCH[@]}" "${ARGS[@]}" "$@" > "$SAVE_DIR/train.cmd"; echo >> "$SAVE_DIR/train.cmd"
-say "command: $SAVE_DIR/train.cmd; log: $SAVE_DIR/train.log"
-"${LAUNCH[@]}" "${ARGS[@]}" "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
+# The whole log goes to SAVE_DIR/train.log; the console shows the progress.
+run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "${CMD[@]}"
 [ -f "$SAVE_DIR/checkpoint_last.pt" ] || die "training ended without $SAVE_DIR/checkpoint_last.pt (see $SAVE_DIR/train.log)"
 say "done: $SAVE_DIR/checkpoint_best.pt"

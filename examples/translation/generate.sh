@@ -31,18 +31,19 @@ LABEL="${LABEL:-}"                         # name stored in the BLEU JSON (e.g. 
 
 source "$(dirname "$0")/../common.sh"
 check_python
-[ -n "$CHECKPOINT" ] || die "set CHECKPOINT to a checkpoint from train.sh"
-[ -f "$CHECKPOINT" ] || die "no checkpoint at CHECKPOINT=$CHECKPOINT"
+check_checkpoint
 [ -f "$DATA/bin/dict.$SRC.txt" ] || die "no prepared data in DATA=$DATA (expected prepare.sh's OUT_DIR with bin/)"
 [ -f "$DATA/bin/$SUBSET.$SRC-$TGT.$SRC.bin" ] || die "no subset '$SUBSET' in $DATA/bin (test sets: $(cut -d' ' -f1 "$DATA/test_sets.txt" 2>/dev/null | tr '\n' ' ')valid)"
+[ -s "$DATA/spm/$SUBSET.$SRC" ] || die "$DATA/spm/$SUBSET.$SRC: missing or empty (run prepare.sh again)"
 DEVICE="$(resolve_device "$DEVICE")"
-DEVICE_ARGS=(--cpu); [ "$DEVICE" = gpu ] && DEVICE_ARGS=(--fp16)
 mkdir -p "$(dirname "$OUT_PREFIX")"
 
 say "translating $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
 # --required-batch-size-multiple 1: some fairseq builds otherwise drop the last
-# partial batch (scripts/collect_hypotheses.py would then refuse).
-"$PYTHON" -m fairseq_cli.generate "$DATA/bin" \
+# partial batch (scripts/collect_hypotheses.py would then refuse). The console
+# shows the sentences translated; a bad checkpoint or data file ends in one line.
+run_fairseq_generate "$OUT_PREFIX" "$(wc -l < "$DATA/spm/$SUBSET.$SRC")" \
+  "$PYTHON" "$REPO/scripts/run_fairseq.py" generate "$DATA/bin" \
   --user-dir "$USER_DIR" \
   --task translation --source-lang "$SRC" --target-lang "$TGT" \
   --path "$CHECKPOINT" \
@@ -54,15 +55,8 @@ say "translating $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
   --max-len-b "$MAX_LEN_B" \
   --batch-size "$BATCH_SIZE" \
   --required-batch-size-multiple 1 \
-  "${DEVICE_ARGS[@]}" \
-  > "$OUT_PREFIX.generate.log.tmp" 2> "$OUT_PREFIX.generate.err" \
-  || { tail -20 "$OUT_PREFIX.generate.err" >&2; die "fairseq-generate failed (see $OUT_PREFIX.generate.err)"; }
-mv "$OUT_PREFIX.generate.log.tmp" "$OUT_PREFIX.generate.log"
-
-"$PYTHON" "$REPO/scripts/collect_hypotheses.py" \
-  --generate-log "$OUT_PREFIX.generate.log" \
-  --sources "$DATA/spm/$SUBSET.$SRC" \
-  --out "$OUT_PREFIX.hyp"
+  "$(device_args "$DEVICE")"
+collect_hypotheses "$OUT_PREFIX" "$DATA/spm/$SUBSET.$SRC"
 
 if [ "$SCORE" = 1 ]; then
   LABEL_ARGS=(); [ -n "$LABEL" ] && LABEL_ARGS=(--label "$LABEL")

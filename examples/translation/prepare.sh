@@ -50,13 +50,7 @@ OUT="$(cd "$OUT" && pwd)"
 
 # A changed setting would silently mix old and new outputs: refuse instead.
 SETTINGS="src=$SRC tgt=$TGT train=$TRAIN_PREFIX valid=$VALID_PREFIX test=$TEST_PREFIXES vocab=$VOCAB_SIZE spm_type=$SPM_TYPE max_train=$MAX_TRAIN_PAIRS max_valid=$MAX_VALID_PAIRS max_test=$MAX_TEST_PAIRS"
-if [ -f "$OUT/settings.txt" ]; then
-  [ "$(cat "$OUT/settings.txt")" = "$SETTINGS" ] || die "$OUT was prepared with other settings:
-  before: $(cat "$OUT/settings.txt")
-  now:    $SETTINGS
-Use another OUT_DIR, or delete $OUT to start over."
-fi
-echo "$SETTINGS" > "$OUT/settings.txt"
+check_settings_file "$OUT" "$SETTINGS"
 
 # 1. Check and copy each pair of files (test sets whole: their target side is
 #    the reference). fairseq names the test sets test, test1, test2, ...
@@ -101,10 +95,7 @@ for split in "${SPLITS[@]}"; do
   for lang in "$SRC" "$TGT"; do
     [ -f "$OUT/spm/$split.$lang" ] && continue
     say "3/4 encoding $split.$lang"
-    "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" encode \
-      --model "$OUT/spm/sentencepiece.model" \
-      --input "$OUT/text/$split.$lang" \
-      --output "$OUT/spm/$split.$lang"
+    encode_pieces "$OUT/spm/sentencepiece.model" "$OUT/text/$split.$lang" "$OUT/spm/$split.$lang"
   done
 done
 
@@ -112,19 +103,14 @@ done
 if [ -f "$OUT/bin/dict.$SRC.txt" ]; then say "4/4 binarized data: done already"; else
   say "4/4 fairseq-preprocess"
   TESTPREF="$(printf "$OUT/spm/%s," "${SPLITS[@]:2}")"
-  rm -rf "$OUT/bin.tmp"
-  "$PYTHON" -m fairseq_cli.preprocess \
+  binarize "$OUT" \
     --source-lang "$SRC" \
     --target-lang "$TGT" \
     --trainpref "$OUT/spm/train" \
     --validpref "$OUT/spm/valid" \
     --testpref "${TESTPREF%,}" \
-    --destdir "$OUT/bin.tmp" \
     --joined-dictionary \
-    --workers "$WORKERS" > "$OUT/preprocess.log" 2>&1 \
-    || { tail -20 "$OUT/preprocess.log" >&2; die "fairseq-preprocess failed (log: $OUT/preprocess.log)"; }
-  rm -rf "$OUT/bin"
-  mv "$OUT/bin.tmp" "$OUT/bin"
+    --workers "$WORKERS"
 fi
 
 say "ready: $OUT/bin ($(wc -l < "$OUT/text/train.$SRC") train, $(wc -l < "$OUT/text/valid.$SRC") valid pairs; test sets: $(cut -d' ' -f1 "$OUT/test_sets.txt" | tr '\n' ' '); dictionary $(wc -l < "$OUT/bin/dict.$SRC.txt") types)"

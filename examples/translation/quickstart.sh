@@ -41,8 +41,7 @@ MULTI30K_DIR="$MULTI30K_DIR" VOCAB_SIZE="$VOCAB_SIZE" MAX_VALID_PAIRS="$VALID_PA
 say "2/3 train a tiny $ARCH model for $MAX_UPDATE updates (log: $CKPT/train.log)"
 DATA="$DATA/bin" ARCH="$ARCH" SIZE=tiny DROPOUT=0.1 LR="$LR" WARMUP_UPDATES=100 SEED=1 DEVICE="$DEVICE" \
   BATCH_TOKENS=2048 MAX_TOKENS_PER_PROC=2048 MAX_UPDATE="$MAX_UPDATE" \
-  VALIDATE_INTERVAL_UPDATES="$MAX_UPDATE" LOG_INTERVAL=50 SAVE_DIR="$CKPT" bash "$HERE/train.sh" \
-  | awk -F' [|] ' '/train_inner|valid on/ { print "  " substr($0, index($0, $4)); fflush() }'
+  VALIDATE_INTERVAL_UPDATES="$MAX_UPDATE" LOG_INTERVAL=10 SAVE_DIR="$CKPT" bash "$HERE/train.sh"
 
 say "3/3 translate the first $TEST_PAIRS test2016 sentences and score them"
 DATA="$DATA" CHECKPOINT="$CKPT/checkpoint_best.pt" SUBSET=test OUT_PREFIX="$WORK_DIR/results/$ARCH" \

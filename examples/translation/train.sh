@@ -16,7 +16,7 @@
 # 2 CPU cores: about 1.2 s (SIZE=small) and 0.8 s
 # (SIZE=tiny) per update of 2,048 tokens, UNAS and HNAS alike; slower when
 # the machine is busier. GPUs: NPROC of them, the effective batch stays
-# BATCH_TOKENS (not timed here).
+# BATCH_TOKENS (not timed here; NPROC > 1 runs under torchrun).
 # Safe to re-run: fairseq resumes from SAVE_DIR/checkpoint_last.pt.
 set -euo pipefail
 
@@ -45,26 +45,19 @@ source "$(dirname "$0")/../common.sh"
 check_python
 [ -f "$DATA/dict.$SRC.txt" ] || die "no binarized data in DATA=$DATA (run prepare.sh, then point DATA at OUT_DIR/bin)"
 
-case "$ARCH" in
-  transformer|transformer_dnas|transformer_hnas) ;;
-  *) die "ARCH=$ARCH: choose transformer (UNAS baseline), transformer_dnas or transformer_hnas" ;;
-esac
+check_choice ARCH "transformer (UNAS baseline)" transformer_dnas transformer_hnas
 case "$SIZE" in
   small) LAYERS=3; DIM=256; FFN=1024; HEADS=4 ;;
   tiny)  LAYERS=2; DIM=128; FFN=512;  HEADS=4 ;;
   *) die "SIZE=$SIZE: choose small or tiny" ;;
 esac
 
-DEVICE="$(resolve_device "$DEVICE")"
-if [ "$NPROC" = 0 ]; then
-  if [ "$DEVICE" = gpu ]; then NPROC="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')"; else NPROC=1; fi
-fi
-[ "$NPROC" -ge 1 ] 2>/dev/null || die "NPROC=$NPROC: no GPU found or not a positive number (DEVICE=cpu trains on CPU)"
-PER_PROC=$((BATCH_TOKENS / NPROC))
-UPDATE_FREQ=$(( (PER_PROC + MAX_TOKENS_PER_PROC - 1) / MAX_TOKENS_PER_PROC ))
-PER_STEP=$((PER_PROC / UPDATE_FREQ))
-say "$ARCH ($SIZE, seed $SEED) on $NPROC $DEVICE process(es): $PER_STEP tokens x $NPROC x update-freq $UPDATE_FREQ ~ $BATCH_TOKENS per update, $MAX_UPDATE updates"
+check_run_settings  # SEED, DEVICE -> cpu|gpu, NPROC -> a count, WORLD
+# Effective batch ~ tokens per process and step x processes x --update-freq.
+split_batch BATCH_TOKENS "$BATCH_TOKENS" "$WORLD" "$MAX_TOKENS_PER_PROC" floor
+say "$ARCH ($SIZE, seed $SEED) on $WORLD $DEVICE process(es): $PER_PROC tokens x $WORLD x update-freq $UPDATE_FREQ ~ $BATCH_TOKENS per update, $MAX_UPDATE updates"
 
+schedule_args "$VALIDATE_INTERVAL_UPDATES"
 ARGS=("$DATA"
   --user-dir "$USER_DIR"
   --task translation --source-lang "$SRC" --target-lang "$TGT"
@@ -77,13 +70,10 @@ ARGS=("$DATA"
   --optimizer adam --adam-betas "(0.9, 0.98)" --weight-decay 0.0001
   --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP_UPDATES" --warmup-init-lr 1e-7
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-  --max-tokens "$PER_STEP" --update-freq "$UPDATE_FREQ"
+  --max-tokens "$PER_PROC" --update-freq "$UPDATE_FREQ"
   --max-update "$MAX_UPDATE"
   --seed "$SEED"
-  # Validate and save by updates only: the same schedule whatever the data size.
-  --validate-interval-updates "$VALIDATE_INTERVAL_UPDATES" --validate-interval 1000000
-  --save-interval-updates "$VALIDATE_INTERVAL_UPDATES" --save-interval 1000000
-  --keep-interval-updates 1 --no-epoch-checkpoints
+  "${SCHEDULE_ARGS[@]}"  # validate and save every VALIDATE_INTERVAL_UPDATES updates only
   # Validation BLEU: decode, remove SentencePiece, detokenized sacreBLEU.
   --eval-bleu --eval-bleu-remove-bpe sentencepiece
   --eval-bleu-args "{\"beam\": $EVAL_BLEU_BEAM, \"max_len_a\": 1.2, \"max_len_b\": 10}"
@@ -91,31 +81,17 @@ ARGS=("$DATA"
   --save-dir "$SAVE_DIR"
   --log-format simple --log-interval "$LOG_INTERVAL")
 
-if [ "$DEVICE" = gpu ]; then
-  ARGS+=(--fp16)
-  LAUNCH=("$PYTHON" -m fairseq_cli.train)
-  [ "$NPROC" -gt 1 ] && ARGS+=(--distributed-world-size "$NPROC")  # fairseq spawns one process per GPU
-else
-  ARGS+=(--cpu)
-  export OMP_NUM_THREADS=$(( CPU_THREADS / NPROC > 0 ? CPU_THREADS / NPROC : 1 ))
-  LAUNCH=("$PYTHON" -m fairseq_cli.train)
-  if [ "$NPROC" -gt 1 ]; then
-    # As examples/gigaword/train.sh: torchrun, gloo, fairseq's legacy DDP on CPU.
-    LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m fairseq_cli.train)
-    ARGS+=(--distributed-world-size "$NPROC" --distributed-init-method env:// --distributed-rank -1
-           --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp)
-  fi
-fi
+# LAUNCH: python or torchrun; LAUNCH_ARGS: --fp16 / --cpu and the process group
+# (on CPU: gloo and fairseq's legacy DDP, as in examples/gigaword/train.sh).
+fairseq_train_launch
+CMD=("${LAUNCH[@]}" "${ARGS[@]}" "${LAUNCH_ARGS[@]}" "$@")
 
-if [ "$DRY_RUN" = 1 ]; then printf '%q ' "${LAUNCH[@]}" "${ARGS[@]}" "$@"; echo; exit 0; fi
+if [ "$DRY_RUN" = 1 ]; then quote_command "${CMD[@]}"; exit 0; fi
 # A finished run is not resumed: fairseq would take one more update past
 # --max-update and validate and save again.
 if [ -f "$SAVE_DIR/done" ]; then say "$SAVE_DIR/done exists: training is finished, skipping"; exit 0; fi
-export PYTHONUNBUFFERED=1
-mkdir -p "$SAVE_DIR"
-printf '%q ' "${LAUNCH[@]}" "${ARGS[@]}" "$@" > "$SAVE_DIR/train.cmd"; echo >> "$SAVE_DIR/train.cmd"
-say "command: $SAVE_DIR/train.cmd; log: $SAVE_DIR/train.log"
-"${LAUNCH[@]}" "${ARGS[@]}" "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
+# The whole log goes to SAVE_DIR/train.log; the console shows the progress.
+run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "${CMD[@]}"
 [ -f "$SAVE_DIR/checkpoint_best.pt" ] || die "training ended without $SAVE_DIR/checkpoint_best.pt (see $SAVE_DIR/train.log)"
 date -u +%FT%TZ > "$SAVE_DIR/done"
 say "done: $SAVE_DIR/checkpoint_best.pt"
