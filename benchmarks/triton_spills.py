@@ -253,6 +253,9 @@ def main(argv=None):
                    help="sequence length of the calls (default 100: not a multiple of 16, as most batches)")
     p.add_argument("--batch", type=int, default=8, help="sentences of the calls (default 8)")
     p.add_argument("--hidden", type=int, default=768, help="model width: heads = hidden / head size (default 768)")
+    p.add_argument("--kernels", help="compile only these kernels (comma-separated names as printed, e.g. "
+                                      "forward,backward_kv)")
+    p.add_argument("--where", help="compile only the variants with these flags, e.g. HYBRID=1,DROPOUT=1")
     p.add_argument("--no-report", action="store_true", help="only compile (no register report)")
     p.add_argument("--table", action="store_true", help="also print the dropout table (markdown)")
     p.add_argument("--json", metavar="PATH", help="write every row of the report to this JSON file")
@@ -267,14 +270,18 @@ def main(argv=None):
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
     args.tiles = dict(args.tiles)
+    only = set(args.kernels.split(",")) if args.kernels else None
+    where = dict(item.split("=") for item in args.where.split(",")) if args.where else {}
 
     rows, kinds = [], {}
     for case in args.cases:
         label_case = f"{case[0]}:{case[1]}"
         for kernel, signature, constexprs, attrs, options in capture(case, args, args.sinkhorn):
+            name, tile, flags = describe(kernel, constexprs, options)
+            if (only and name not in only) or any(str(int(flags.get(k, -1))) != v for k, v in where.items()):
+                continue
             src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
             binary = triton.compile(src, target=TARGET, options=options.__dict__)
-            name, tile, flags = describe(kernel, constexprs, options)
             flag_text = " ".join(f"{k}={int(v)}" for k, v in flags.items()) or "-"
             head = f"{label_case} {name} {tile}/{options.num_warps}w/{options.num_stages}s {flag_text}"
             if args.no_report:
@@ -297,6 +304,8 @@ def main(argv=None):
     if args.no_report:
         print(f"compiled {len(rows)} variants ({version})")
         return 0
+    if not rows:
+        sys.exit("triton_spills.py: no kernel matches --kernels/--where")
     largest = max(r["stack"] for r in rows)
     shared_max = max(r["shared"] for r in rows)
     pairs = [(off, on) for off, on in dropout_pairs(rows) if off["loop"] and on["loop"]]
