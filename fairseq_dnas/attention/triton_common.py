@@ -50,8 +50,8 @@ MAX_HEAD_DIM = 128
 # Tiles per kernel: (BLOCK_M queries, BLOCK_N keys, warps), by input kind
 # (half: float16/bfloat16; float32, whose exact products take far more
 # registers) and head size. Chosen without a GPU to time them, from what
-# ptxas makes of each tile for sm_90 (benchmarks/triton_spills.py prints it) in
-# every variant (HYBRID x DROPOUT x SINKHORN x HAS_BIAS, STAGES pipeline
+# ptxas makes of each tile for sm_90, compiled as the JIT specializes a real
+# call (benchmarks/triton_spills.py prints it), in every variant (HYBRID x DROPOUT x SINKHORN x HAS_BIAS, STAGES pipeline
 # stages) under Triton 3.6 (torch 2.11's, the lent H100's) and 3.9 (what CI
 # installs). The rule, in this order:
 #   1. half precision: every matmul on Hopper's warpgroup MMA (wgmma, SASS
@@ -72,8 +72,8 @@ MAX_HEAD_DIM = 128
 # Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
 # sequences span several blocks and ragged tails.
 GPU_TILES = {
-    ("half", 64): dict(column=(128, 128, 8), forward=(128, 32, 8), backward_kv=(16, 128, 8),
-                       backward_q=(128, 32, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
+    ("half", 64): dict(column=(128, 128, 8), forward=(128, 64, 8), backward_kv=(16, 128, 8),
+                       backward_q=(128, 64, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
     ("half", 128): dict(column=(128, 128, 8), forward=(64, 32, 8), backward_kv=(32, 32, 8),
                         backward_q=(128, 16, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 8)),
     ("float32", 64): dict(column=(64, 32, 8), forward=(16, 32, 8), backward_kv=(16, 32, 8),
