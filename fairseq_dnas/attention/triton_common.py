@@ -199,21 +199,35 @@ def _store_tile(base, x, offs_t, offs_d, stride_t, stride_d, T, D):
 
 
 @triton.jit
-def _keep(seed, bh, offs_m, start_n, TK, threshold, BLOCK_N: tl.constexpr):
+def _keep(seed, bh, offs_m, start_n, TK, threshold, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr = False):
     """Dropout mask Z[i, j] (True = kept) for rows offs_m and the BLOCK_N keys
-    from start_n (a multiple of 16): one Philox call per (row, 16 keys), byte
-    b of output w deciding key 16 g + 4 w + b, dropped below ``threshold``
-    (module docstring). The same in every kernel and for every tile."""
-    offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)  # key groups
-    c0 = (offs_m[:, None] * tl.cdiv(TK, 16) + offs_g[None, :]).to(tl.uint32)  # (M, G): row, group
+    from start_n (a multiple of 16), (M, BLOCK_N), or (BLOCK_N, M) with
+    TRANSPOSED: one Philox call per (row, 16 keys), byte b of output w
+    deciding key 16 g + 4 w + b, dropped below ``threshold`` (module
+    docstring). The same in every kernel and for every tile. The 4 words of
+    a call are spread to their 16 keys before the bytes are taken, so that a
+    layout change moves 4 words rather than 16 decisions."""
+    M: tl.constexpr = offs_m.shape[0]
+    G: tl.constexpr = BLOCK_N // 16
+    offs_g = start_n // 16 + tl.arange(0, G)  # key groups
+    groups = tl.cdiv(TK, 16)
+    if TRANSPOSED:
+        c0 = (offs_m[None, :] * groups + offs_g[:, None]).to(tl.uint32)  # (G, M): row, group
+    else:
+        c0 = (offs_m[:, None] * groups + offs_g[None, :]).to(tl.uint32)  # (M, G)
     c1 = tl.zeros_like(c0) + bh.to(tl.uint32)
     zero = tl.zeros_like(c0)
     r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero, DROPOUT_ROUNDS)
-    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # (M, G, 2, 2): [.., a, c] = r_{2a + c}
-    words = tl.reshape(words, (offs_m.shape[0], BLOCK_N // 16, 4))  # (M, G, 4): word w
-    lo = tl.join(words & 0xFF, (words >> 16) & 0xFF)  # bytes 0 and 2
-    hi = tl.join((words >> 8) & 0xFF, words >> 24)  # bytes 1 and 3
-    rand = tl.reshape(tl.join(lo, hi), (offs_m.shape[0], BLOCK_N))  # (M, G, 4, 2, 2) -> key 16 g + 4 w + b
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # (., ., 2, 2): [.., a, c] = r_{2a + c}
+    shift = ((tl.arange(0, BLOCK_N) % 4) * 8).to(tl.uint32)  # byte j % 4 of word (j % 16) // 4
+    if TRANSPOSED:
+        words = tl.permute(tl.reshape(words, (G, M, 4)), (0, 2, 1))  # (G, 4, M): word w
+        word = tl.reshape(tl.broadcast_to(words[:, :, None, :], (G, 4, 4, M)), (BLOCK_N, M))
+        rand = (word >> shift[:, None]) & 0xFF
+    else:
+        words = tl.reshape(words, (M, G, 4))  # (M, G, 4): word w
+        word = tl.reshape(tl.broadcast_to(words[:, :, :, None], (M, G, 4, 4)), (M, BLOCK_N))
+        rand = (word >> shift[None, :]) & 0xFF
     return rand.to(tl.int32) >= threshold
 
 
@@ -307,15 +321,17 @@ def _column_lse_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """c[j] = logsumexp over real queries i of s[i, j] (Algorithm 1, step 4's
-    column normalizer); 0 for a padded key and for a key no real query sees
-    (as ``functional.dnas_key_bias``: a padded position's normalizer, which
-    excludes nothing, could be any size and must not reach a product with a
-    zero probability as exp(-c) = inf). Computed as the row
+    column normalizer); +inf for a padded key and for a key no real query
+    sees, so that exp(s - c) = 0 there with no mask: the later kernels take
+    key padding from c (a padded position's normalizer, which excludes
+    nothing, could be any size; the kernels never compute exp(+c)). Computed as the row
     lse of the transposed scores K Q^T, so the reduction runs along axis 1.
 
     With HAS_BIAS, c[j] = logsumexp_i (s[i, j] - BIAS[i]); called with the
     roles of Q and K exchanged it gives row normalizers. Sinkhorn iterations
-    (``triton_sinkhorn.py``) are made of such passes."""
+    (``triton_sinkhorn.py``) are made of such passes; their biases are
+    earlier outputs of this kernel, +inf at padded positions, which leaves
+    those out without the query mask."""
     pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
     offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
@@ -325,23 +341,24 @@ def _column_lse_kernel(
     for start_m in range(0, TQ, BLOCK_M):
         offs_m = _offsets(start_m, BLOCK_M, INT64)
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
-        real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M): s[i, j] transposed
-        if HAS_BIAS:
-            s_t -= tl.load(BIAS + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)[None, :]
-        s_t = tl.where(real_q[None, :], s_t, float("-inf"))  # padded queries stay out of c
+        if HAS_BIAS:  # a normalizer of this pass's: +inf at padded queries and past T_q, no mask to load
+            s_t -= tl.load(BIAS + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))[None, :]
+        else:
+            real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+            s_t = tl.where(real_q[None, :], s_t, float("-inf"))  # padded queries stay out of c
         m_new = tl.maximum(m, tl.max(s_t, 1))
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s_t - m_new[:, None]), 1)
         m = m_new
     ok = _real(KPAD, b, offs_n, TK, HAS_PAD) & (l > 0)
-    c = tl.where(ok, m + tl.log(tl.where(ok, l, 1.0)), 0.0)
+    c = tl.where(ok, m + tl.log(tl.where(ok, l, 1.0)), float("inf"))
     tl.store(C + bh * TK + offs_n, c, mask=offs_n < TK)
 
 
 def lse_pass(rows: Tensor, over: Tensor, rows_pad: Optional[Tensor], over_pad: Optional[Tensor],
              out: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """out[b, h, a] = logsumexp over the real n of (rows_a . over_n - bias[b, h, n])
-    (0 at padded a and where no n is real): ``_column_lse_kernel`` with
+    (+inf at padded a and where no n is real: ``_column_lse_kernel``): ``_column_lse_kernel`` with
     rows = K, over = Q gives DNAS's c; with rows = Q, over = K a row
     normalizer. The masks are the uint8 ones of ``_pad_arg``, both or none;
     ``out`` a contiguous float32 (B, H, T_rows)."""

@@ -136,7 +136,7 @@ def _online_softmax_step(m, l, acc, s, v, keep, DROPOUT: tl.constexpr, PRECISION
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, C, U, SEED, OUT, OD, RD, RU, QPAD, KPAD,
+    Q, K, V, C, U, SEED, OUT, OD, RD, RU, QPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     so_b, so_h, so_t, so_d,
     H, TQ, TK, D, drop_threshold,
@@ -145,7 +145,10 @@ def _forward_kernel(
 ):
     """out = pi V for one query block: DNAS (softmax with key bias -c), and for
     HNAS the UNAS softmax of the same scores in a second accumulator. OUT and
-    OD share the strides so_*."""
+    OD share the strides so_*. Key padding comes with c (+inf at padded keys,
+    ``_column_lse_kernel``): no mask is loaded in the loop. Rows with no
+    weight (padded queries, no real key) get r = +inf, which zeroes their
+    probabilities in the backward kernels without a mask either."""
     pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
     offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
@@ -162,19 +165,19 @@ def _forward_kernel(
         acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, TK, BLOCK_N):
         offs_n = _offsets(start_n, BLOCK_N, INT64)
-        real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
         k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
         v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+        # c = +inf at padded keys and past T_k: s - c = -inf, weight 0
+        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        s = tl.where(real_k[None, :], s, float("-inf"))  # padded keys: weight 0
         keep = None
         if DROPOUT:
             keep = _keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N)
         # DNAS: softmax of s - c (step 4 as a key bias).
         m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, keep, DROPOUT, PRECISION)
-        if HYBRID:  # UNAS: softmax of the same scores (step 3)
-            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s, v, keep, DROPOUT, PRECISION)
+        if HYBRID:  # UNAS: softmax of the same scores (step 3), padded keys (c = inf) left out
+            s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
+            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, keep, DROPOUT, PRECISION)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     if DROPOUT:  # 1 / (1 - p_eff) = 256 / (256 - t); t = 256 (p = 1) drops all, the scale is then unused
@@ -183,14 +186,14 @@ def _forward_kernel(
         scale = 1.0
     l_d = tl.where(ok_d, l_d, 1.0)
     o_d = tl.where(ok_d[:, None], acc_d * (scale / l_d)[:, None], 0.0)
-    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log(l_d), 0.0), mask=offs_m < TQ)
+    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log(l_d), float("inf")), mask=offs_m < TQ)
     out_base = OUT + b * so_b + h * so_h
     if HYBRID:
         u = tl.load(U + h)
         ok_u = real_q & (l_u > 0)
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
-        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), 0.0), mask=offs_m < TQ)
+        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), float("inf")), mask=offs_m < TQ)
         _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
     else:
@@ -231,7 +234,7 @@ def _backward_preprocess_kernel(
 
 @triton.jit
 def _backward_kv_kernel(
-    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, QM, DK, DV, DC, DU, QPAD, KPAD,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, QM, DK, DV, DC, DU, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d,
     H, TQ, TK, D, drop_threshold,
@@ -251,14 +254,18 @@ def _backward_kv_kernel(
     (each rounded to the input dtype before the matmul) no longer carry the
     mean query, which the sum dk_t + dc dk_x would cancel only up to their
     rounding (large with a q_proj bias). HNAS's UNAS part does not sum to 0:
-    its sum_i t_u[i, j] mu is added back in float32."""
+    its sum_i t_u[i, j] mu is added back in float32.
+
+    Padding: c = +inf at padded keys and r = +inf at padded queries (the
+    forward's convention) zero pi_D and pi_U without a mask in the loop; the
+    key mask, loaded once, keeps pi_U's padded keys out."""
     pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
     offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
     real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
     k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
     v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
     mu = tl.load(QM + bh * D + offs_d, mask=offs_d < D, other=0.0)  # float32 mean query
     if HYBRID:
         u = tl.load(U + h)
@@ -275,32 +282,32 @@ def _backward_kv_kernel(
     tu = tl.zeros([BLOCK_N], tl.float32)  # HNAS: sum_i t_u[i, j], the UNAS part's column sum
     for start_m in range(0, TQ, BLOCK_M):
         offs_m = _offsets(start_m, BLOCK_M, INT64)
-        real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+        real_q = r_d < float("inf")  # padded queries have r_d = +inf
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
-        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        valid = real_k[:, None] & real_q[None, :]
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
-        p_d = tl.where(valid, tl.exp(s_t - c[:, None] - r_d[None, :]), 0.0)  # pi_D^T
+        p_d = tl.exp(s_t - c[:, None] - r_d[None, :])  # pi_D^T, 0 at padded keys and queries
         g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
         if DROPOUT:
-            keep = tl.trans(_keep(seed, bh, offs_m, pid_n * BLOCK_N, TK, drop_threshold, BLOCK_N))
+            keep = _keep(seed, bh, offs_m, pid_n * BLOCK_N, TK, drop_threshold, BLOCK_N, True)  # (N, M)
             g = tl.where(keep, g * scale, 0.0)  # G = Z' (dO V^T)
         t = p_d * (u * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
-        if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1}) (both 0 at padded rows)
+        if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
             r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         else:
             r_x = r_d
-        xi = p_d * tl.exp(r_x)[None, :]  # column softmax exp(s - c) = d c[j] / d s[i, j]
+        exp_r = tl.where(real_q, tl.exp(r_x), 0.0)  # not 0 * exp(inf) = NaN at padded rows
+        xi = p_d * exp_r[None, :]  # column softmax exp(s - c) = d c[j] / d s[i, j]
         # q - mu, rounded once to the input dtype (rows with p_d = 0 contribute nothing)
         qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)
         dk_x += tl.dot(xi.to(q.dtype), qc, input_precision=PRECISION)
         if HYBRID:
-            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
             e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            p_u = tl.where(valid, tl.exp(s_t - r_u[None, :]), 0.0)  # pi_U^T
+            p_u = tl.where(real_k[:, None], tl.exp(s_t - r_u[None, :]), 0.0)  # pi_U^T (r_u = inf: padded query)
             t_u = p_u * ((1.0 - u) * g - e_u[None, :])
             tu += tl.sum(t_u, 1)
             t += t_u
@@ -326,11 +333,11 @@ def _backward_kv_kernel(
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, QPAD, KPAD,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
     H, TQ, TK, D, drop_threshold,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, SINKHORN: tl.constexpr,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, SINKHORN: tl.constexpr,
     PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -346,22 +353,26 @@ def _backward_q_kernel(
     --fp16-scale-window updates without an overflow), so some scale always
     overflows float16: ds then becomes inf, dq inf or NaN, and fairseq's
     overflow check skips the update and halves the scale, as for any float16
-    gradient (fairseq's own attention rounds G itself to float16)."""
+    gradient (fairseq's own attention rounds G itself to float16).
+
+    Padding, as in the kv kernel: c = +inf at padded keys, r = +inf at
+    padded queries; no mask is loaded."""
     pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
     offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
-    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+    r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+    real_q = r_d < float("inf")  # padded queries have r_d = +inf
     q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
     do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
-    r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     if SINKHORN:  # xi = exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
-        exp_r = tl.exp(r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0))
+        r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
-        exp_r = tl.exp(r_d)
+        r_x = r_d
+    exp_r = tl.where(real_q, tl.exp(r_x), 0.0)  # not 0 * exp(inf) = NaN at padded rows
     if HYBRID:
         u = tl.load(U + h)
-        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
         e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
         u = 1.0
@@ -371,21 +382,19 @@ def _backward_q_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, TK, BLOCK_N):
         offs_n = _offsets(start_n, BLOCK_N, INT64)
-        real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
         k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
         v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
-        valid = real_q[:, None] & real_k[None, :]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        p_d = tl.where(valid, tl.exp(s - c[None, :] - r_d[:, None]), 0.0)
+        p_d = tl.exp(s - c[None, :] - r_d[:, None])  # 0 at padded keys (c = inf) and queries (r_d = inf)
         g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
             g = tl.where(_keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N), g * scale, 0.0)
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
         ds = p_d * (u * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
-            p_u = tl.where(valid, tl.exp(s - r_u[:, None]), 0.0)
+            p_u = tl.where(c[None, :] < float("inf"), tl.exp(s - r_u[:, None]), 0.0)  # padded keys: 0
             ds += p_u * ((1.0 - u) * g - e_u[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
@@ -450,7 +459,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     bm, bn, warps, stages = _tiles("forward", d, q.dtype)
     with on_device(q):
         _forward_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c, u if hybrid else c, seed, out, o_d, r_d, r_u, qpad_arg, kpad_arg,
+            q, k, v, c, u if hybrid else c, seed, out, o_d, r_d, r_u, qpad_arg,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
@@ -490,17 +499,18 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
             HYBRID=hybrid, BLOCK_M=bm, num_warps=warps, num_stages=STAGES, **meta,  # no loop to pipeline
         )
         _backward_kv_kernel[grid(tk, kv_n, bsz, heads)](
-            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, mu, dk, dv, dc, du_part, qpad_arg, kpad_arg,
+            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, mu, dk, dv, dc, du_part, kpad_arg,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
             heads, tq, tk, d, threshold,
             BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
         )
         bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, qpad_arg, kpad_arg,
+            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             heads, tq, tk, d, threshold,
-            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+            **{key: value for key, value in flags.items() if key != "HAS_PAD"},  # padding comes with c and r
         )
         if sinkhorn:  # the chain through the earlier normalizers, added into dq and dk
             triton_sinkhorn.backward_through_normalizers(
