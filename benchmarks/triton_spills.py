@@ -1,33 +1,53 @@
 #!/usr/bin/env python
-"""Compile every Triton kernel variant for an H100 (sm_90) on any machine, and
-report what ptxas made of it: registers, register spills, shared memory and
-which tensor-core instructions its matmuls use. This is how ``GPU_TILES`` in
+"""Compile every Triton kernel the attention runs for an H100 (sm_90) on any
+machine, the way Triton's JIT specializes a real call, and report what ptxas
+made of it: registers, register spills, shared memory, which tensor-core
+instructions its matmuls use, and the instructions of its loop over key (or
+query) blocks. This is how ``GPU_TILES`` in
 ``fairseq_dnas/attention/triton_flash.py`` were chosen without a GPU.
 
 No GPU is needed: Triton's NVIDIA backend and ptxas run on the CPU. The
-interpreter (which CI uses to run the kernels) accepts code that the compiler
-rejects, so compiling closes that gap; ``tests/test_triton.py`` runs this
-script with ``--no-report``. The report reads the cubin Triton built (what
-the GPU loads: ptxas with Triton's own options) with cuobjdump: registers and
-stack bytes (spills) from --dump-resource-usage, the matmul instructions from
-the SASS (HGMMA: Hopper's warpgroup MMA, wgmma; HMMA: the older mma.sync,
-which Triton falls back to when a tile's M side is under 64 rows a
-warpgroup), shared memory from Triton's metadata.
+script runs the real forward and backward (``triton_attention``) on CPU
+tensors laid out as the fairseq module lays them out ((T, B, H, D) projections
+viewed as (B, H, T, D): stride 1 on the head dimension, every other stride a
+multiple of 16), DNAS and HNAS, attention dropout 0 and 0.1, with and without
+Sinkhorn iterations, and replaces each kernel launch with what the JIT does
+before it launches: bind the arguments, specialize them (an integer equal to 1
+becomes a constant, a pointer or integer divisible by 16 carries
+``tt.divisibility = 16``: Triton's ``specialize_impl``) and compile that
+``ASTSource`` for sm_90. The kernels never run, so their outputs are garbage;
+what matters is that the compiled code is the code a GPU would load.
+
+The report reads the cubin with cuobjdump: registers and stack bytes (spills)
+from --dump-resource-usage, the matmul instructions from the SASS (HGMMA:
+Hopper's warpgroup MMA, wgmma; HMMA: the older mma.sync, which Triton falls
+back to when a tile's M side is under 64 rows a warpgroup), shared memory from
+Triton's metadata, and the loop body: the instructions between a backward
+branch and its target, for the innermost loop that holds a matmul (the loop
+over key or query blocks; float32's exact products are FFMA, so there the
+innermost loop with an FFMA). Instructions per score element = loop-body
+instructions x threads / (BLOCK_M x BLOCK_N): the issue cost of one score.
 
     python benchmarks/triton_spills.py                         # fp16/bf16/fp32 x head size 64/128
+    python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table of docs/performance.md
     python benchmarks/triton_spills.py --cases fp16:64 --no-report
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
 
-Prints one line per kernel, tile and variant (HYBRID, DROPOUT, SINKHORN,
-HAS_BIAS flags), then "compiled N variants, ..."; exits 1 if a variant
-spills more than --max-stack bytes, takes more than --max-shared bytes of
-shared memory, or does not compile. All of it depends on the Triton version;
-timing on a GPU (benchmarks/triton_tiles.py, benchmarks/benchmark.py --device
-cuda) decides in the end.
+Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
+path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
+``PYTHONPATH=/tmp/triton36:$PWD python benchmarks/triton_spills.py``.
+
+Prints one line per compiled specialization (kernel, tile, flags), then
+"compiled N variants, ..."; exits 1 if a variant spills more than --max-stack
+bytes, takes more than --max-shared bytes of shared memory, makes its loop
+with dropout more than --max-dropout-ratio times its loop without, or does
+not compile. All of it depends on the Triton version; timing on a GPU
+(benchmarks/triton_tiles.py, benchmarks/benchmark.py --device cuda) decides in
+the end.
 """
 
 import argparse
-import itertools
+import json
 import os
 import re
 import subprocess
@@ -36,86 +56,34 @@ import tempfile
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, before triton_flash is imported
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 from fairseq_dnas.attention import triton_flash as F  # noqa: E402
-from fairseq_dnas.attention import triton_sinkhorn as S  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)  # H100
+TARGET = GPUTarget("cuda", 90, 32)  # H100 (warp size 32)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 MAX_SHARED = 99 * 1024  # bytes a block may use on sm_86/sm_89 (H100: 227 KB)
 DEFAULT_CASES = "fp16:64,bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
-
-# kernel -> its GPU_TILES entry
-KERNELS = {
-    "column_lse": (F._column_lse_kernel, "column"),
-    "forward": (F._forward_kernel, "forward"),
-    "backward_preprocess": (F._backward_preprocess_kernel, "forward"),
-    "backward_kv": (F._backward_kv_kernel, "backward_kv"),
-    "backward_q": (F._backward_q_kernel, "backward_q"),
-    "bias_gradient": (S._bias_gradient_kernel, S.REDUCE_TILES),
-    "normalizer_ds": (S._normalizer_ds_kernel, S.DS_TILES),
-}
-GPU_ENTRIES = sorted({tiles for _, tiles in KERNELS.values()})
 FLAGS = ("HYBRID", "DROPOUT", "SINKHORN", "HAS_BIAS")
-DATA = ("Q", "K", "V", "OUT", "OD", "DO", "DQ", "DK", "DV", "A", "B")  # pointers in the input dtype
-FLOAT32 = ("C", "BIAS", "XB", "U", "RD", "RU", "ED", "EU", "DC", "DU", "XA", "YB", "WA", "WB")
-OTHER = {"SEED": "*i64", "QPAD": "*u8", "KPAD": "*u8", "PADA": "*u8", "PADB": "*u8", "p_drop": "fp32"}
-
-
-def signature(kernel, dtype: str, constexprs: dict) -> dict:
-    types = dict.fromkeys(DATA, "*" + dtype)
-    types.update(dict.fromkeys(FLOAT32, "*fp32"), **OTHER)
-    if kernel is S._bias_gradient_kernel:
-        types["OUT"] = "*fp32"  # a vector of normalizer gradients
-    return {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
-
-
-def variants(kernel):
-    flags = [f for f in FLAGS if f in kernel.arg_names]
-    for values in itertools.product((False, True), repeat=len(flags)):
-        yield dict(zip(flags, values))
-
-
-def cubin_usage(binary):
-    """(registers, stack bytes, matmul instructions) of the cubin Triton built,
-    as the GPU would load it: cuobjdump --dump-resource-usage (register spills
-    live on the stack) and the SASS's tensor-core instructions ("wgmma" when
-    every one is HGMMA, "mma.sync" when every one is HMMA, "mixed", or "-"
-    for none: a kernel without matmuls, or float32's exact products, which
-    run on the FMA units)."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        sys.exit(f"triton_spills.py: no cuobjdump at {tool}; use --no-report")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(binary.asm["cubin"])
-        f.flush()
-        res = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True)
-        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True)
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", res.stdout)
-    if res.returncode != 0 or sass.returncode != 0 or usage is None:
-        raise RuntimeError(f"cuobjdump failed: {res.stdout[-1000:]}{res.stderr[-1000:]}{sass.stderr[-1000:]}")
-    wgmma, mma = len(re.findall(r"\bHGMMA", sass.stdout)), len(re.findall(r"\bHMMA", sass.stdout))
-    kind = {(True, False): "wgmma", (False, True): "mma.sync", (True, True): "mixed"}.get((wgmma > 0, mma > 0), "-")
-    return int(usage.group(1)), int(usage.group(2)), kind
 
 
 def parse_tile(text: str):
     """KERNEL=BLOCK_M,BLOCK_N,WARPS[,STAGES] (a GPU_TILES entry, e.g. forward=128,64,8)."""
     name, _, tile = text.partition("=")
-    entries = set(GPU_ENTRIES)
+    entries = set(F.GPU_TILES["half", 64])
     parts = tile.split(",")
     if name not in entries or len(parts) not in (3, 4) or not all(x.isdigit() for x in parts):
         raise argparse.ArgumentTypeError(
             f"--tiles takes KERNEL=BLOCK_M,BLOCK_N,WARPS[,STAGES] with KERNEL one of "
             f"{', '.join(sorted(entries))}, e.g. forward=128,64,8; got {text!r}")
-    parts = [int(x) for x in parts]
-    return name, tuple(parts if len(parts) == 4 else parts + [F.STAGES])
+    return name, tuple(int(x) for x in parts)
 
 
 def parse_cases(text: str):
@@ -130,52 +98,232 @@ def parse_cases(text: str):
     return cases
 
 
+class JitCapture:
+    """Stands in for JITFunction.run: specializes the launch's arguments as the
+    JIT does (its own binder and _pack_args, so the same rules in every Triton
+    version that has them) and keeps one ASTSource per distinct specialization."""
+
+    def __init__(self):
+        self.backend = make_backend(TARGET)
+        self.jobs = {}  # key -> (kernel, signature, constexprs, attrs, options)
+
+    def run(self, kernel, *args, grid, warmup, **kwargs):
+        binder = create_function_from_signature(kernel.signature, kernel.params, self.backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization,
+                                                                  options)
+        key = (kernel.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
+               repr(sorted(attrs.items())), repr(sorted(options.__dict__.items())))
+        self.jobs.setdefault(key, (kernel, signature, constexprs, attrs, options))
+
+
+def capture(case, args, sinkhorn_iters):
+    """The kernels' specializations of one (dtype, head size): the forward and
+    backward of DNAS and HNAS, dropout 0 and 0.1, one and ``sinkhorn_iters``
+    Sinkhorn rounds, with padding, in the fairseq module's layout."""
+    dtype, head = case
+    torch_dtype = DTYPES[dtype]
+    heads, length, bsz = max(args.hidden // head, 2), args.length, args.batch
+    saved = {k: dict(v) for k, v in F.GPU_TILES.items()}
+    F.GPU_TILES[F.tile_case(head, torch_dtype)].update(args.tiles)
+    jit = JitCapture()
+    original = JITFunction.run
+    JITFunction.run = lambda kernel, *a, **kw: jit.run(kernel, *a, **kw)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        pad = torch.zeros(bsz, length, dtype=torch.bool)
+        pad[1:, : length // 4] = True  # left padding, as fairseq's encoder
+        for hybrid in (False, True):
+            for p in (0.0, 0.1):
+                for iters in sorted({1, sinkhorn_iters}):
+                    # (T, B, H*D) projections viewed as (B, H, T, D), as the module passes them
+                    q, k, v = (torch.randn(length, bsz, heads * head, generator=gen).to(torch_dtype)
+                               .view(length, bsz, heads, head).permute(1, 2, 0, 3).requires_grad_()
+                               for _ in range(3))
+                    u = torch.full((heads,), 0.5, requires_grad=True) if hybrid else None
+                    out = F.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
+                                             query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters)
+                    out.float().sum().backward()
+    finally:
+        JITFunction.run = original
+        for key, value in saved.items():
+            F.GPU_TILES[key].clear()
+            F.GPU_TILES[key].update(value)
+    return list(jit.jobs.values())
+
+
+def loop_body(sass: str):
+    """Instructions of the innermost loops that hold a matmul: spans from a
+    backward branch's target to the branch (a BRA to a lower address), the
+    smallest ones that contain a tensor-core instruction (HGMMA/HMMA), or,
+    where there is none, an FFMA (float32's exact products). Several such
+    loops (one after the other) are summed. None when the kernel has no loop."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    code = [(int(addr, 16), text.strip()) for addr, text in lines]
+    spans = []
+    for addr, text in code:
+        m = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", text)
+        if m and m.group(1) is not None and int(m.group(1), 16) < addr:
+            spans.append((int(m.group(1), 16), addr))
+    for pattern in (r"\b(HGMMA|HMMA)\b", r"\bFFMA\b"):
+        hits = [a for a, t in code if re.search(pattern, t)]
+        holding = [(lo, hi) for lo, hi in spans if any(lo <= a <= hi for a in hits)]
+        inner = [s for s in holding if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in holding)]
+        if inner:
+            return sum((hi - lo) // 16 + 1 for lo, hi in inner)  # 16 bytes an instruction on sm_90
+    return None
+
+
+def cubin_report(binary):
+    """(registers, stack bytes, matmul kind, loop-body instructions) of the
+    cubin Triton built, as the GPU would load it: cuobjdump
+    --dump-resource-usage (register spills live on the stack) and the SASS
+    ("wgmma" when every tensor-core instruction is HGMMA, "mma.sync" when
+    every one is HMMA, "mixed", or "-" for none: a kernel without matmuls, or
+    float32's exact products, which run on the FMA units)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        sys.exit(f"triton_spills.py: no cuobjdump at {tool}; use --no-report")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(binary.asm["cubin"])
+        f.flush()
+        res = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True)
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True)
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", res.stdout)
+    if res.returncode != 0 or sass.returncode != 0 or usage is None:
+        raise RuntimeError(f"cuobjdump failed: {res.stdout[-1000:]}{res.stderr[-1000:]}{sass.stderr[-1000:]}")
+    wgmma, mma = len(re.findall(r"\bHGMMA", sass.stdout)), len(re.findall(r"\bHMMA", sass.stdout))
+    kind = {(True, False): "wgmma", (False, True): "mma.sync", (True, True): "mixed"}.get((wgmma > 0, mma > 0), "-")
+    return int(usage.group(1)), int(usage.group(2)), kind, loop_body(sass.stdout)
+
+
+def describe(kernel, constexprs, options):
+    """(kernel name, tile text, {flag: value}) of one specialization."""
+    by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
+    flags = {f: bool(by_name[f]) for f in FLAGS if f in by_name}
+    bm, bn = by_name.get("BLOCK_M"), by_name.get("BLOCK_N")
+    tile = f"{bm}x{bn}" if bn is not None else f"{bm}"
+    return kernel.__name__.strip("_").removesuffix("_kernel"), tile, flags
+
+
+def dropout_pairs(rows):
+    """(row without dropout, row with) for every kernel and flag combination
+    that has both."""
+    index = {(r["case"], r["kernel"], r["tile"], tuple(sorted((k, v) for k, v in r["flags"].items()
+                                                                 if k != "DROPOUT"))): r
+             for r in rows if not r["flags"].get("DROPOUT", True)}
+    pairs = []
+    for r in rows:
+        if r["flags"].get("DROPOUT"):
+            key = (r["case"], r["kernel"], r["tile"],
+                   tuple(sorted((k, v) for k, v in r["flags"].items() if k != "DROPOUT")))
+            if key in index:
+                pairs.append((index[key], r))
+    return pairs
+
+
+def markdown_table(rows):
+    """The per-kernel table of docs/performance.md: each kernel that draws
+    dropout, DNAS/HNAS (without Sinkhorn), its loop without and with dropout."""
+    out = ["| case | kernel | scheme | tile | registers | spills (B) | shared (KB) | matmuls "
+           "| loop instr. p=0 | loop instr. p=0.1 | ratio | instr./score p=0 | instr./score p=0.1 |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for off, on in dropout_pairs(rows):
+        if off["flags"].get("SINKHORN"):
+            continue
+        ratio = on["loop"] / off["loop"] if on["loop"] and off["loop"] else None
+        out.append(
+            f"| {off['case']} | {off['kernel']} | {'HNAS' if off['flags'].get('HYBRID') else 'DNAS'} "
+            f"| {off['tile']}/{off['warps']}w | {off['registers']} / {on['registers']} "
+            f"| {off['stack']} / {on['stack']} | {off['shared'] / 1024:.0f} / {on['shared'] / 1024:.0f} "
+            f"| {off['kind']} | {off['loop']} | {on['loop']} | {ratio:.2f} "
+            f"| {off['per_score']:.2f} | {on['per_score']:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
                    help=f"DTYPE:HEAD_SIZE list (default {DEFAULT_CASES})")
     p.add_argument("--tiles", type=parse_tile, action="append", default=[],
                    metavar="KERNEL=M,N,WARPS[,STAGES]", help="compile this tile instead of GPU_TILES' (repeatable)")
+    p.add_argument("--sinkhorn", type=int, default=3, metavar="N",
+                   help="also compile the Sinkhorn kernels with N rounds (default 3; 1: none)")
+    p.add_argument("--length", type=int, default=100,
+                   help="sequence length of the calls (default 100: not a multiple of 16, as most batches)")
+    p.add_argument("--batch", type=int, default=8, help="sentences of the calls (default 8)")
+    p.add_argument("--hidden", type=int, default=768, help="model width: heads = hidden / head size (default 768)")
+    p.add_argument("--kernels", help="compile only these kernels (comma-separated names as printed, e.g. "
+                                      "forward,backward_kv)")
+    p.add_argument("--where", help="compile only the variants with these flags, e.g. HYBRID=1,DROPOUT=1")
     p.add_argument("--no-report", action="store_true", help="only compile (no register report)")
+    p.add_argument("--table", action="store_true", help="also print the dropout table (markdown)")
+    p.add_argument("--json", metavar="PATH", help="write every row of the report to this JSON file")
     p.add_argument("--max-stack", type=int, default=64, metavar="BYTES",
                    help="exit 1 if a variant spills more than this (default 64: GPU_TILES' rule)")
     p.add_argument("--max-shared", type=int, default=MAX_SHARED, metavar="BYTES",
                    help=f"exit 1 if a variant needs more shared memory (default {MAX_SHARED}: "
                         "what a block may use on sm_86/sm_89 GPUs)")
+    p.add_argument("--max-dropout-ratio", type=float, metavar="X",
+                   help="exit 1 if a kernel's loop with dropout has more than X times its instructions without")
     args = p.parse_args(argv)
-    overrides = dict(args.tiles)
+    if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
+        p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
+    args.tiles = dict(args.tiles)
+    only = set(args.kernels.split(",")) if args.kernels else None
+    where = dict(item.split("=") for item in args.where.split(",")) if args.where else {}
 
-    compiled = spilled = largest = shared_max = 0
-    kinds = {}
-    for dtype, head in args.cases:
-        for name, (kernel, tiles) in KERNELS.items():
-            bm, bn, warps, stages = overrides.get(tiles) or F._tiles(tiles, head, DTYPES[dtype])
-            for flags in variants(kernel):
-                c = dict(HAS_PAD=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=F._block_d(head),
-                         PRECISION=F._precision(DTYPES[dtype]), **flags)
-                c = {k: v for k, v in c.items() if k in kernel.arg_names}
-                src = ASTSource(fn=kernel, signature=signature(kernel, dtype, c), constexprs=c)
-                binary = triton.compile(src, target=TARGET, options=dict(num_warps=warps, num_stages=stages))
-                compiled += 1
-                label = " ".join(f"{k}={int(v)}" for k, v in flags.items()) or "-"
-                if args.no_report:
-                    print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w/{stages}s {label}", flush=True)
-                    continue
-                regs, stack, kind = cubin_usage(binary)
-                shared = binary.metadata.shared
-                spilled += stack > 0
-                largest = max(largest, stack)
-                shared_max = max(shared_max, shared)
-                kinds[kind] = kinds.get(kind, 0) + 1
-                print(f"{dtype} d={head} {name} {bm}x{bn}/{warps}w/{stages}s {label}: {regs} registers, "
-                      f"{stack} bytes of stack, {shared} bytes shared, {kind}", flush=True)
+    rows, kinds = [], {}
+    for case in args.cases:
+        label_case = f"{case[0]}:{case[1]}"
+        for kernel, signature, constexprs, attrs, options in capture(case, args, args.sinkhorn):
+            name, tile, flags = describe(kernel, constexprs, options)
+            if (only and name not in only) or any(str(int(flags.get(k, -1))) != v for k, v in where.items()):
+                continue
+            src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+            binary = triton.compile(src, target=TARGET, options=options.__dict__)
+            flag_text = " ".join(f"{k}={int(v)}" for k, v in flags.items()) or "-"
+            head = f"{label_case} {name} {tile}/{options.num_warps}w/{options.num_stages}s {flag_text}"
+            if args.no_report:
+                rows.append(dict(case=label_case))
+                print(head, flush=True)
+                continue
+            regs, stack, kind, loop = cubin_report(binary)
+            by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
+            score = by_name.get("BLOCK_M", 0) * by_name.get("BLOCK_N", 0)
+            per_score = loop * 32 * options.num_warps / score if loop and score else None
+            rows.append(dict(case=label_case, kernel=name, tile=tile, warps=options.num_warps,
+                             stages=options.num_stages, flags=flags, registers=regs, stack=stack,
+                             shared=binary.metadata.shared, kind=kind, loop=loop, per_score=per_score))
+            kinds[kind] = kinds.get(kind, 0) + 1
+            loop_text = f", loop {loop} instructions ({per_score:.2f} a score)" if per_score else (
+                f", loop {loop} instructions" if loop else "")
+            print(f"{head}: {regs} registers, {stack} bytes of stack, {binary.metadata.shared} bytes shared, "
+                  f"{kind}{loop_text}", flush=True)
+    version = f"Triton {triton.__version__}"
     if args.no_report:
-        print(f"compiled {compiled} variants (Triton {triton.__version__})")
+        print(f"compiled {len(rows)} variants ({version})")
         return 0
-    print(f"compiled {compiled} variants, {spilled} with a stack (register spills), the largest "
-          f"{largest} bytes; shared memory up to {shared_max} bytes; matmuls: "
-          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + f" (Triton {triton.__version__})")
-    return 1 if largest > args.max_stack or shared_max > args.max_shared else 0
+    if not rows:
+        sys.exit("triton_spills.py: no kernel matches --kernels/--where")
+    largest = max(r["stack"] for r in rows)
+    shared_max = max(r["shared"] for r in rows)
+    pairs = [(off, on) for off, on in dropout_pairs(rows) if off["loop"] and on["loop"]]
+    worst = max(pairs, key=lambda pair: pair[1]["loop"] / pair[0]["loop"], default=None)
+    if args.table:
+        print(markdown_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(triton=triton.__version__, length=args.length,
+                                                   rows=rows), indent=1))
+    ratio = worst[1]["loop"] / worst[0]["loop"] if worst else 0.0
+    print(f"compiled {len(rows)} variants, {sum(r['stack'] > 0 for r in rows)} with a stack (register spills), "
+          f"the largest {largest} bytes; shared memory up to {shared_max} bytes; matmuls: "
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+          + (f"; dropout makes a loop at most {ratio:.2f}x as long ({worst[1]['case']} {worst[1]['kernel']} "
+             + " ".join(f"{k}={int(v)}" for k, v in worst[1]["flags"].items()) + ")" if worst else "")
+          + f" ({version})")
+    failed = largest > args.max_stack or shared_max > args.max_shared
+    return 1 if failed or (args.max_dropout_ratio is not None and ratio > args.max_dropout_ratio) else 0
 
 
 if __name__ == "__main__":

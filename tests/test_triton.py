@@ -61,8 +61,8 @@ def _float64_autograd(q, k, v, u, scheme, kmask, qmask, keep=None, p=0.0, sinkho
         probs = AF.dnas_probs(s, km, qm, sinkhorn_iters)
     else:
         probs = AF.hnas_probs(s, ud, km, qm, sinkhorn_iters)
-    if keep is not None:
-        probs = probs * keep.double() / (1.0 - p)
+    if keep is not None:  # the kernels drop at p rounded to a multiple of 1/256, and scale by its complement
+        probs = probs * keep.double() / (1.0 - triton_flash.effective_dropout_p(p))
     inputs = (qd, kd, vd) if ud is None else (qd, kd, vd, ud)
     return probs @ vd, inputs
 

@@ -11,7 +11,7 @@ of bias vectors. With b_0 = 0 and s[i, j] = q_i . k_j,
 for k = 1 .. n, and pi_D = exp(s - a_n - b_n) = softmax_j(s - a_n): the
 forward kernel of ``triton_flash`` with the key bias a_n (its row lse is
 b_n). Every normalizer is a row log-sum-exp of K Q^T or Q K^T with a bias,
-``triton_flash.lse_pass``: 2n - 1 passes of one matmul per block pair, and
+``triton_common.lse_pass``: 2n - 1 passes of one matmul per block pair, and
 O(n T) memory for the stacks a (n, B, H, T_k) and b (n - 1, B, H, T_q).
 
 Backward. ``triton_flash``'s kernels, given the row bias b_{n-1} of
@@ -45,17 +45,23 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fairseq_dnas.attention.triton_flash import (
+from fairseq_dnas.attention.triton_common import (
     _block_d,
     _load_tile,
+    _offsets,
     _precision,
+    _program,
     _real,
+    _store_tile,
     _strides,
     _tiles,
+    grid,
     lse_pass,
+    needs_int64,
+    on_device,
 )
 
-# Tiles: entries of triton_flash.GPU_TILES (spill-free, untimed, like all of them).
+# Tiles: entries of triton_common.GPU_TILES (spill-free, untimed, like all of them).
 REDUCE_TILES, DS_TILES = "sinkhorn_reduce", "sinkhorn_ds"
 
 
@@ -76,22 +82,21 @@ def _bias_gradient_kernel(
     A, B, XA, YB, WB, OUT, PADA, PADB,
     sa_b, sa_h, sa_t, sa_d, sb_b, sb_h, sb_t, sb_d,
     H, TA, TB, D,
-    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """out[a] = -sum over real b of w[b] exp(A_a . B_b - x[a] - y[b]), for one
     block of rows a (0 at padded a): the gradient reaching the normalizer x
     through a log-sum-exp whose softmax is exp(s - x - y) (w: dL/dy)."""
-    pid, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bh = b * H + h
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    pid, bh, b, h = _program(TA, H, BLOCK_M, INT64)
+    offs_m = _offsets(pid * BLOCK_M, BLOCK_M, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
     real_a = _real(PADA, b, offs_m, TA, HAS_PAD)
     rows = _load_tile(A + b * sa_b + h * sa_h, offs_m, offs_d, sa_t, sa_d, offs_m < TA, D)
     x = tl.load(XA + bh * TA + offs_m, mask=offs_m < TA, other=0.0)
     acc = tl.zeros([BLOCK_M], tl.float32)
     for start_n in range(0, TB, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_n = _offsets(start_n, BLOCK_N, INT64)
         s, _ = _pair_scores(rows, real_a, B + b * sb_b + h * sb_h, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
                             HAS_PAD, PRECISION)
         y = tl.load(YB + bh * TB + offs_n, mask=offs_n < TB, other=0.0)
@@ -103,24 +108,23 @@ def _bias_gradient_kernel(
 @triton.jit
 def _normalizer_ds_kernel(
     A, B, XA, YB, WA, WB, OUT, PADA, PADB,
-    sa_b, sa_h, sa_t, sa_d, sb_b, sb_h, sb_t, sb_d,
+    sa_b, sa_h, sa_t, sa_d, sb_b, sb_h, sb_t, sb_d, so_b, so_h, so_t, so_d,
     H, TA, TB, D, NT, st_a, st_b,
-    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """OUT_a += sum_b ds[a, b] B_b for one block of rows a, with
         ds[a, b] = sum_{t < NT} (wa_t[a] + wb_t[b]) exp(A_a . B_b - xa_t[a] - yb_t[b])
     over real (a, b); term t's vectors lie st_a (st_b) floats after term t-1's.
-    OUT has the strides of A (it is dq or dk, already holding the main kernels' part)."""
-    pid, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bh = b * H + h
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    OUT (dq or dk, already holding the main kernels' part) has its own strides so_*."""
+    pid, bh, b, h = _program(TA, H, BLOCK_M, INT64)
+    offs_m = _offsets(pid * BLOCK_M, BLOCK_M, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
     real_a = _real(PADA, b, offs_m, TA, HAS_PAD)
     rows = _load_tile(A + b * sa_b + h * sa_h, offs_m, offs_d, sa_t, sa_d, offs_m < TA, D)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, TB, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_n = _offsets(start_n, BLOCK_N, INT64)
         s, cols = _pair_scores(rows, real_a, B + b * sb_b + h * sb_h, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
                                HAS_PAD, PRECISION)
         ds = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -131,10 +135,9 @@ def _normalizer_ds_kernel(
             wb = tl.load(WB + t * st_b + bh * TB + offs_n, mask=offs_n < TB, other=0.0)
             ds += tl.exp(s - xa[:, None] - yb[None, :]) * (wa[:, None] + wb[None, :])
         acc += tl.dot(ds.to(cols.dtype), cols, input_precision=PRECISION)
-    ptrs = OUT + b * sa_b + h * sa_h + offs_m[:, None] * sa_t + offs_d[None, :] * sa_d
-    inside = (offs_m[:, None] < TA) & (offs_d[None, :] < D)
-    total = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32) + acc
-    tl.store(ptrs, total.to(OUT.dtype.element_ty), mask=inside)
+    out_base = OUT + b * so_b + h * so_h
+    total = _load_tile(out_base, offs_m, offs_d, so_t, so_d, offs_m < TA, D).to(tl.float32) + acc
+    _store_tile(out_base, total.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TA, D)
 
 
 def normalizers(q: Tensor, k: Tensor, qpad_arg: Tensor, kpad_arg: Tensor, has_pad: bool,
@@ -157,12 +160,13 @@ def _bias_gradient(rows, cols, x, y, w, pad_rows, pad_cols, has_pad) -> Tensor:
     bsz, heads, t_rows, d = rows.shape
     out = torch.empty((bsz, heads, t_rows), dtype=torch.float32, device=rows.device)
     bm, bn, warps, stages = _tiles(REDUCE_TILES, d, rows.dtype)
-    _bias_gradient_kernel[(triton.cdiv(t_rows, bm), heads, bsz)](
-        rows, cols, x, y, w, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols),
-        heads, t_rows, cols.shape[2], d,
-        HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
-    )
+    with on_device(rows):
+        _bias_gradient_kernel[grid(t_rows, bm, bsz, heads)](
+            rows, cols, x, y, w, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols),
+            heads, t_rows, cols.shape[2], d,
+            HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), INT64=needs_int64(rows, cols),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
+        )
     return out
 
 
@@ -170,12 +174,13 @@ def _add_ds(rows, cols, xa, yb, wa, wb, out, pad_rows, pad_cols, has_pad) -> Non
     bsz, heads, t_rows, d = rows.shape
     stack = [torch.stack(x).contiguous() for x in (xa, yb, wa, wb)]
     bm, bn, warps, stages = _tiles(DS_TILES, d, rows.dtype)
-    _normalizer_ds_kernel[(triton.cdiv(t_rows, bm), heads, bsz)](
-        rows, cols, *stack, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols),
-        heads, t_rows, cols.shape[2], d, len(xa), stack[0][0].numel(), stack[1][0].numel(),
-        HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
-    )
+    with on_device(rows):
+        _normalizer_ds_kernel[grid(t_rows, bm, bsz, heads)](
+            rows, cols, *stack, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols), *_strides(out),
+            heads, t_rows, cols.shape[2], d, len(xa), stack[0][0].numel(), stack[1][0].numel(),
+            HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), INT64=needs_int64(rows, cols, out, *stack),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
+        )
 
 
 def backward_through_normalizers(

@@ -1,0 +1,377 @@
+"""What the Triton kernels share: tiles, tile loads and stores, the grid,
+the dropout mask, and the column log-sum-exp pass.
+
+``triton_flash.py`` (the DNAS/HNAS kernels) and ``triton_sinkhorn.py`` (the
+extra Sinkhorn rounds) both import this module and nothing of each other.
+
+Grid: every kernel runs on a one-dimensional grid of
+``cdiv(T, BLOCK) * B * H`` programs, the block index fastest (programs of one
+head run side by side and share its keys in L2). Axis 0 allows 2**31 - 1
+programs, so no batch size reaches a grid limit (axes 1 and 2 stop at
+65,535).
+
+Offsets: Triton passes integers below 2**31 as int32, and a pointer offset
+``row * stride`` is computed in the type of its operands. When some element
+of a tensor a kernel touches lies 2**31 or more elements from its start
+(``needs_int64``), the kernels are compiled with ``INT64`` and compute every
+offset in int64; otherwise in int32 (fewer instructions and registers).
+
+Attention dropout (``_keep``): keep/drop decisions come 16 from one Philox
+call. The counter is (row i * ceil(T_k / 16) + key group j // 16,
+batch * head, 0, 0); its four 32-bit outputs are 16 bytes, byte b of word w
+deciding key 16 (j // 16) + 4 w + b. Decisions are therefore a function of
+the absolute (batch * head, i, j) and the seed only: the forward kernel and
+both backward kernels draw the same mask whatever their tiles. An element
+is dropped when its byte is below the threshold t = round(256 p) (at most
+255 for p < 1, 256 for p = 1), so the drop probability is exactly
+p_eff = t / 256 (|p_eff - p| <= 1/512; FlashAttention-2 also thresholds 8
+bits, keep <= floor(255 (1 - p)), and scales by 1 / (1 - p)); kept elements
+are scaled by 1 / (1 - p_eff) = 256 / (256 - t), so E[Z'] = 1 exactly. p = 1
+drops everything and gives zeros, as torch's dropout. Philox runs 7 rounds,
+as FlashAttention-2's (Philox4x32-7 passes BigCrush, Salmon et al. 2011;
+10 is their margin and Triton's default).
+"""
+
+import contextlib
+import os
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+# Triton reads TRITON_INTERPRET when the kernels are decorated (at import).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+
+# Tiles per kernel: (BLOCK_M queries, BLOCK_N keys, warps), by input kind
+# (half: float16/bfloat16; float32, whose exact products take far more
+# registers) and head size. Chosen without a GPU to time them, from what
+# ptxas makes of each tile for sm_90, compiled as the JIT specializes a real
+# call (benchmarks/triton_spills.py prints it), in every variant (HYBRID x DROPOUT x SINKHORN x HAS_BIAS, STAGES pipeline
+# stages) under Triton 3.6 (torch 2.11's, the lent H100's) and 3.9 (what CI
+# installs). The rule, in this order:
+#   1. half precision: every matmul on Hopper's warpgroup MMA (wgmma, SASS
+#      HGMMA) wherever a tile allows it with at most 64 bytes of register
+#      spills in every variant; Triton falls back to mma.sync (HMMA) when a
+#      matmul's M side has fewer than 64 rows a warpgroup (e.g. a 32-key
+#      block in the kv pass, whose products are (keys x queries));
+#   2. at most 64 bytes of spills in any variant, 99 KB of shared memory (so
+#      that the tiles launch on sm_86/sm_89 GPUs too);
+#   3. the largest tile (BLOCK_M x BLOCK_N) that remains.
+# At head size 128 the kv pass has no wgmma tile within the bound (its three
+# (BLOCK_N, D) float32 accumulators: 240 bytes of spills and more), so it
+# stays on mma.sync. float32 (exact products by default: FMA, no tensor
+# cores) keeps the tiles with no spills at all. These are guesses until
+# timed: benchmarks/triton_tiles.py times candidates on a GPU (also their
+# pipeline stages: a fourth number, STAGES when absent) and writes a file
+# for FAIRSEQ_DNAS_TRITON_TILES (below), which replaces any of these entries.
+# Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
+# sequences span several blocks and ragged tails.
+GPU_TILES = {
+    ("half", 64): dict(column=(128, 128, 8), forward=(128, 64, 8), backward_kv=(16, 128, 8),
+                       backward_q=(128, 64, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
+    ("half", 128): dict(column=(128, 128, 8), forward=(64, 32, 8), backward_kv=(32, 32, 8),
+                        backward_q=(128, 16, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 8)),
+    ("float32", 64): dict(column=(64, 32, 8), forward=(16, 32, 8), backward_kv=(16, 32, 8),
+                          backward_q=(32, 32, 8), sinkhorn_reduce=(64, 32, 8), sinkhorn_ds=(64, 32, 8)),
+    ("float32", 128): dict(column=(16, 32, 8), forward=(16, 16, 8), backward_kv=(16, 16, 8),
+                           backward_q=(32, 32, 8), sinkhorn_reduce=(16, 32, 8), sinkhorn_ds=(64, 16, 8)),
+}
+INTERPRETER_TILES = dict.fromkeys(GPU_TILES["half", 64], (16, 16, 1))
+STAGES = 2
+TILES_ENV = "FAIRSEQ_DNAS_TRITON_TILES"
+
+
+def read_tiles(path: str) -> dict:
+    """Tiles from a JSON file (what benchmarks/triton_tiles.py writes):
+    {"tiles": {"half:64": {"forward": [128, 64, 8, 3], ...}, "float32:128": ...}}
+    (the fourth number, pipeline stages, may be left out: STAGES).
+    Returns {(kind, head size): {kernel: (BLOCK_M, BLOCK_N, warps[, stages])}} with
+    only the entries the file names; raises ValueError saying what to fix."""
+    import json
+
+    def bad(what):
+        return ValueError(f"{TILES_ENV}={path}: {what}. Write the file with benchmarks/triton_tiles.py, "
+                          "or unset the variable to use the built-in tiles.")
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise bad(f"cannot read it as JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tiles"), dict):
+        raise bad('expected an object with a "tiles" object')
+    table = {}
+    for key, entry in data["tiles"].items():
+        kind, _, head = key.partition(":")
+        if (kind, int(head) if head.isdigit() else head) not in GPU_TILES:
+            raise bad(f"unknown case {key!r} (known: {', '.join(f'{k}:{d}' for k, d in GPU_TILES)})")
+        if not isinstance(entry, dict):
+            raise bad(f"{key!r} must map kernel names to [BLOCK_M, BLOCK_N, warps]")
+        for kernel, tile in entry.items():
+            if kernel not in GPU_TILES["half", 64]:
+                raise bad(f"unknown kernel {kernel!r} in {key!r} (known: {', '.join(GPU_TILES['half', 64])})")
+            ok = (isinstance(tile, list) and len(tile) in (3, 4) and all(isinstance(x, int) for x in tile)
+                  and all(x >= 16 and x & (x - 1) == 0 for x in tile[:2]) and tile[2] in (1, 2, 4, 8, 16)
+                  and (len(tile) == 3 or 1 <= tile[3] <= 6))
+            if not ok:
+                raise bad(f"{key!r} {kernel!r}: {tile!r} is not [BLOCK_M, BLOCK_N, warps(, stages)] with "
+                          "blocks powers of two >= 16, warps 1, 2, 4, 8 or 16 and stages 1 to 6")
+            table.setdefault((kind, int(head)), {})[kernel] = tuple(tile)
+    return table
+
+
+if os.environ.get(TILES_ENV):  # replace the entries the file names (e.g. tuned on this GPU)
+    for _case, _entry in read_tiles(os.environ[TILES_ENV]).items():
+        GPU_TILES[_case].update(_entry)
+
+
+def tile_case(d: int, dtype: torch.dtype) -> Tuple[str, int]:
+    """The GPU_TILES key of head size d and an input dtype: ("half" or "float32", 64 or 128)."""
+    return ("float32" if dtype == torch.float32 else "half", 64 if d <= 64 else 128)
+
+
+def _tiles(kernel: str, d: int, dtype: torch.dtype):
+    """(BLOCK_M, BLOCK_N, warps, pipeline stages) of ``kernel``; an entry of
+    three gives STAGES stages (a tuned file may name its own)."""
+    tile = INTERPRETER_TILES[kernel] if INTERPRETED else GPU_TILES[tile_case(d, dtype)][kernel]
+    return (*tile, STAGES) if len(tile) == 3 else tuple(tile)
+
+
+NEG_INIT = tl.constexpr(-1.0e30)  # start of running maxima: finite, so NEG_INIT - NEG_INIT = 0, never NaN
+DROPOUT_ROUNDS = tl.constexpr(7)  # Philox rounds of the dropout mask (module docstring)
+DROP_BITS = 8  # bits per keep/drop decision: 16 decisions per Philox call
+
+
+# --------------------------------------------------------------------------
+# Device helpers
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _program(T, H, BLOCK: tl.constexpr, INT64: tl.constexpr):
+    """(block index, batch * head, batch, head) of this program on the 1-D
+    grid of cdiv(T, BLOCK) * B * H programs, block index fastest."""
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(T, BLOCK)
+    bh = pid // n_blocks
+    blk = pid - bh * n_blocks
+    if INT64:
+        bh = bh.to(tl.int64)
+    return blk, bh, bh // H, bh % H
+
+
+@triton.jit
+def _offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
+    """start + [0, BLOCK), in int64 when a tensor's offsets may pass 2**31."""
+    offs = start + tl.arange(0, BLOCK)
+    if INT64:
+        offs = offs.to(tl.int64)
+    return offs
+
+
+@triton.jit
+def _real(PAD, b, offs, T, HAS_PAD: tl.constexpr):
+    """True at positions inside [0, T) that are not padding (PAD is (B, T) uint8)."""
+    inside = offs < T
+    if HAS_PAD:
+        padded = tl.load(PAD + b * T + offs, mask=inside, other=1)
+        inside = inside & (padded == 0)
+    return inside
+
+
+@triton.jit
+def _load_tile(base, offs_t, offs_d, stride_t, stride_d, rows_ok, D):
+    """A (len(offs_t), BLOCK_D) tile; rows where rows_ok is False and columns >= D read 0."""
+    ptrs = base + offs_t[:, None] * stride_t + offs_d[None, :] * stride_d
+    return tl.load(ptrs, mask=rows_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _store_tile(base, x, offs_t, offs_d, stride_t, stride_d, T, D):
+    """Store a (len(offs_t), BLOCK_D) tile with the strides of the tensor written."""
+    ptrs = base + offs_t[:, None] * stride_t + offs_d[None, :] * stride_d
+    tl.store(ptrs, x, mask=(offs_t[:, None] < T) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _keep(seed, bh, offs_m, start_n, TK, threshold, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """Dropout mask Z[i, j] (True = kept) for rows offs_m and the BLOCK_N keys
+    from start_n (a multiple of 16), (M, BLOCK_N), or (BLOCK_N, M) with
+    TRANSPOSED: one Philox call per (row, 16 keys), byte b of output w
+    deciding key 16 g + 4 w + b, dropped below ``threshold`` (module
+    docstring). The same in every kernel and for every tile. The 4 words of
+    a call are spread to their 16 keys before the bytes are taken, so that a
+    layout change moves 4 words rather than 16 decisions."""
+    M: tl.constexpr = offs_m.shape[0]
+    G: tl.constexpr = BLOCK_N // 16
+    offs_g = start_n // 16 + tl.arange(0, G)  # key groups
+    groups = tl.cdiv(TK, 16)
+    if TRANSPOSED:
+        c0 = (offs_m[None, :] * groups + offs_g[:, None]).to(tl.uint32)  # (G, M): row, group
+    else:
+        c0 = (offs_m[:, None] * groups + offs_g[None, :]).to(tl.uint32)  # (M, G)
+    c1 = tl.zeros_like(c0) + bh.to(tl.uint32)
+    zero = tl.zeros_like(c0)
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero, DROPOUT_ROUNDS)
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # (., ., 2, 2): [.., a, c] = r_{2a + c}
+    shift = ((tl.arange(0, BLOCK_N) % 4) * 8).to(tl.uint32)  # byte j % 4 of word (j % 16) // 4
+    if TRANSPOSED:
+        words = tl.permute(tl.reshape(words, (G, M, 4)), (0, 2, 1))  # (G, 4, M): word w
+        word = tl.reshape(tl.broadcast_to(words[:, :, None, :], (G, 4, 4, M)), (BLOCK_N, M))
+        rand = (word >> shift[:, None]) & 0xFF
+    else:
+        words = tl.reshape(words, (M, G, 4))  # (M, G, 4): word w
+        word = tl.reshape(tl.broadcast_to(words[:, :, :, None], (M, G, 4, 4)), (M, BLOCK_N))
+        rand = (word >> shift[None, :]) & 0xFF
+    return rand.to(tl.int32) >= threshold
+
+
+# --------------------------------------------------------------------------
+# Host helpers
+# --------------------------------------------------------------------------
+
+
+def _strides(x: Tensor):
+    return tuple(x.stride())
+
+
+def _pad_arg(pad: Optional[Tensor], like: Tensor) -> Tensor:
+    """(B, T) bool -> uint8 view for the kernels (a dummy when there is none)."""
+    if pad is None:
+        return like.new_zeros((1,), dtype=torch.uint8)
+    return pad.contiguous().view(torch.uint8)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """How tl.dot multiplies float32 inputs: as torch's own float32 matmuls do.
+    torch's default is exact float32 ("ieee", which the 1e-5 target needs);
+    torch.backends.cuda.matmul.allow_tf32 = True (or
+    torch.set_float32_matmul_precision("high")) turns TF32 on for both.
+    Half-precision inputs ignore it."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+INT32_LIMIT = 2**31
+
+
+def needs_int64(*tensors: Tensor) -> bool:
+    """True if a kernel may address an element 2**31 or more elements from
+    the start of one of ``tensors`` (the largest offset its strides reach),
+    so that offsets must be computed in int64 (``INT64``)."""
+    return any(sum((n - 1) * s for n, s in zip(t.shape, t.stride())) >= INT32_LIMIT - 1 or t.numel() >= INT32_LIMIT
+               for t in tensors if t is not None)
+
+
+def grid(t: int, block: int, bsz: int, heads: int) -> Tuple[int]:
+    """The 1-D grid of ``_program``; refuses a launch beyond axis 0's limit."""
+    programs = triton.cdiv(t, block) * bsz * heads
+    if programs >= INT32_LIMIT:
+        raise ValueError(f"attention path 'triton': {programs} programs (B * H * cdiv(T, {block})) exceed "
+                         "the 2**31 - 1 a grid allows; split the batch")
+    return (programs,)
+
+
+def on_device(x: Tensor):
+    """Launch on x's device, not the current one (a model on cuda:1 without
+    torch.cuda.set_device); nothing to do on CPU (the interpreter)."""
+    if x.device.type == "cuda":
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
+def dropout_threshold(p: float) -> int:
+    """The 8-bit threshold t of drop probability p: bytes below t drop, so
+    exactly t / 256 of them (module docstring). 0 <= p <= 1, else ValueError."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"attention dropout must be a probability in [0, 1], got {p}")
+    if p == 1.0:
+        return 256
+    return min(int(round(p * 256)), 255)
+
+
+def effective_dropout_p(p: float) -> float:
+    """The drop probability the kernels apply for ``p``: round(256 p) / 256
+    (at most 255/256 for p < 1); kept values are scaled by 1 / (1 - it)."""
+    return dropout_threshold(p) / 256
+
+
+# --------------------------------------------------------------------------
+# The column pass (DNAS's c, and every Sinkhorn normalizer)
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _column_lse_kernel(
+    Q, K, C, BIAS, QPAD, KPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
+    H, TQ, TK, D,
+    HAS_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """c[j] = logsumexp over real queries i of s[i, j] (Algorithm 1, step 4's
+    column normalizer); +inf for a padded key and for a key no real query
+    sees, so that exp(s - c) = 0 there with no mask: the later kernels take
+    key padding from c (a padded position's normalizer, which excludes
+    nothing, could be any size; the kernels never compute exp(+c)). Computed as the row
+    lse of the transposed scores K Q^T, so the reduction runs along axis 1.
+
+    With HAS_BIAS, c[j] = logsumexp_i (s[i, j] - BIAS[i]); called with the
+    roles of Q and K exchanged it gives row normalizers. Sinkhorn iterations
+    (``triton_sinkhorn.py``) are made of such passes; their biases are
+    earlier outputs of this kernel, +inf at padded positions, which leaves
+    those out without the query mask."""
+    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
+    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    m = tl.full([BLOCK_N], NEG_INIT, tl.float32)
+    l = tl.zeros([BLOCK_N], tl.float32)
+    for start_m in range(0, TQ, BLOCK_M):
+        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M): s[i, j] transposed
+        if HAS_BIAS:  # a normalizer of this pass's: +inf at padded queries and past T_q, no mask to load
+            s_t -= tl.load(BIAS + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))[None, :]
+        else:
+            real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+            s_t = tl.where(real_q[None, :], s_t, float("-inf"))  # padded queries stay out of c
+        m_new = tl.maximum(m, tl.max(s_t, 1))
+        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s_t - m_new[:, None]), 1)
+        m = m_new
+    ok = _real(KPAD, b, offs_n, TK, HAS_PAD) & (l > 0)
+    c = tl.where(ok, m + tl.log(tl.where(ok, l, 1.0)), float("inf"))
+    tl.store(C + bh * TK + offs_n, c, mask=offs_n < TK)
+
+
+def lse_pass(rows: Tensor, over: Tensor, rows_pad: Optional[Tensor], over_pad: Optional[Tensor],
+             out: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """out[b, h, a] = logsumexp over the real n of (rows_a . over_n - bias[b, h, n])
+    (+inf at padded a and where no n is real: ``_column_lse_kernel``): ``_column_lse_kernel`` with
+    rows = K, over = Q gives DNAS's c; with rows = Q, over = K a row
+    normalizer. The masks are the uint8 ones of ``_pad_arg``, both or none;
+    ``out`` a contiguous float32 (B, H, T_rows)."""
+    bsz, heads, t_rows, d = rows.shape
+    t_over = over.shape[2]
+    bm, bn, warps, stages = _tiles("column", d, rows.dtype)
+    with on_device(rows):
+        _column_lse_kernel[grid(t_rows, bn, bsz, heads)](
+            over, rows, out, out if bias is None else bias,
+            *((over_pad, rows_pad) if over_pad is not None else (_pad_arg(None, rows),) * 2),
+            *_strides(over), *_strides(rows), heads, t_over, t_rows, d,
+            HAS_PAD=over_pad is not None, HAS_BIAS=bias is not None, PRECISION=_precision(rows.dtype),
+            INT64=needs_int64(rows, over, out), BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d),
+            num_warps=warps, num_stages=stages,
+        )
+    return out

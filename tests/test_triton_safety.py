@@ -1,0 +1,336 @@
+"""Tier 1: the Triton kernels on inputs the fairseq module never passes, and
+their guards (``triton_flash.py``, ``triton_sinkhorn.py``, ``triton_common.py``).
+
+- q, k, v with any strides (views of one packed projection, transposed
+  layouts, an expanded key with stride 0): forward and gradients against
+  float64 autograd through the same views (the kernels once wrote gradients
+  with the inputs' strides and ran out of bounds);
+- the dropout mask: one function of (seed, batch * head, row, key), the same
+  in the forward and both backward kernels and for every tile shape, at the
+  documented rate, p = 1 gives zeros;
+- int64 offsets, the grid, the device: the decision logic, and the int64
+  code run on small tensors;
+- float16 numerics with a large mean query (dk's cancellation).
+
+Sizes are tiny: everything runs under Triton's interpreter on CPU.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, padding_mask
+
+from fairseq_dnas.attention import functional as AF
+
+triton_flash = pytest.importorskip(
+    "fairseq_dnas.attention.triton_flash", reason="triton is not installed (scripts/install.sh installs it)"
+)
+from fairseq_dnas.attention import triton_common, triton_sinkhorn  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+T, B, H, D = 19, 2, 2, 16  # two 16-row tiles under the interpreter, the second ragged
+LENGTHS = (19, 7)
+
+
+def _reference(q, k, v, u, kmask, qmask, keep=None, p=0.0, sinkhorn_iters=1):
+    """DNAS (u None) or HNAS output in float64, differentiable in q, k, v, u."""
+    km, qm = AF.broadcast_masks(kmask, qmask)
+    s = q @ k.transpose(-1, -2)
+    probs = (AF.dnas_probs(s, km, qm, sinkhorn_iters) if u is None
+             else AF.hnas_probs(s, u, km, qm, sinkhorn_iters))
+    if keep is not None:
+        probs = probs * keep.double() / (1.0 - triton_flash.effective_dropout_p(p))
+    return probs @ v
+
+
+def _attention(q, k, v, u, mask, **kw):
+    return triton_flash.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
+                                         query_padding_mask=mask, **kw)
+
+
+def _packed_chunks(x):
+    """(T, B, 3 H D) projection -> three (B, H, T, D) views, strides (3HD, D, 3BHD, 1)."""
+    return [y.reshape(T, B, H, D).permute(1, 2, 0, 3) for y in x.chunk(3, dim=-1)]
+
+
+def _indexed(x):
+    """(B, T, 3, H, D) -> x[:, :, i] as (B, H, T, D)."""
+    return [x[:, :, i].permute(0, 2, 1, 3) for i in range(3)]
+
+
+def _transposed(x):
+    """(3, B, H, D, T) stored feature-major: the time stride is 1."""
+    return [y.transpose(-1, -2) for y in x.unbind(0)]
+
+
+def _expanded_key(x):
+    """q, v (B, H, T, D) and a key shared by every head: (B, 1, T, D) expanded, head stride 0."""
+    q, k0, v = x.split([H, 1, H], dim=1)
+    return [q, k0.expand(B, H, T, D), v]
+
+
+LAYOUTS = {
+    "packed": (_packed_chunks, (T, B, 3 * H * D)),
+    "indexed": (_indexed, (B, T, 3, H, D)),
+    "transposed": (_transposed, (3, B, H, D, T)),
+    "expanded_key": (_expanded_key, (B, 2 * H + 1, T, D)),
+}
+
+
+@pytest.mark.parametrize("layout, scheme", [("packed", "dnas"), ("indexed", "hnas"), ("transposed", "dnas"),
+                                            ("expanded_key", "hnas")])
+def test_any_input_strides_forward_and_gradients(layout, scheme):
+    """Views of one base tensor: the kernels read each view with its strides
+    and write each gradient into a buffer of its own; autograd takes them
+    back to the base. Against float64 autograd through the same views."""
+    views, shape = LAYOUTS[layout]
+    g = torch.Generator().manual_seed(0)
+    base = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).to(DEVICE)
+    x = base.float().requires_grad_()
+    xd = base.clone().requires_grad_()
+    u = torch.tensor([0.3, 0.8], device=DEVICE, requires_grad=True) if scheme == "hnas" else None
+    ud = None if u is None else u.detach().double().requires_grad_()
+    mask = padding_mask(LENGTHS, T, True).to(DEVICE)
+    q, k, v = views(x)
+    assert not all(t.is_contiguous() for t in (q, k, v))
+    out = _attention(q, k, v, u, mask)
+    ref = _reference(*views(xd), ud, mask, mask)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    dout = torch.randn(out.shape, generator=g).to(DEVICE)
+    ins, ref_ins = ((x, u), (xd, ud)) if u is not None else ((x,), (xd,))
+    grads = torch.autograd.grad(out, ins, dout)
+    ref_grads = torch.autograd.grad(ref, ref_ins, dout.double())
+    for name, a, b in zip(("base", "u"), grads, ref_grads):
+        atol = 1e-5 * max(1.0, float(b.abs().max()))
+        torch.testing.assert_close(a.double(), b, atol=atol, rtol=0, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def test_sinkhorn_writes_gradients_with_their_own_strides():
+    """The Sinkhorn ds kernel adds into dq and dk: with their strides, not the inputs'."""
+    views, shape = LAYOUTS["packed"]
+    g = torch.Generator().manual_seed(1)
+    base = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).to(DEVICE)
+    x, xd = base.float().requires_grad_(), base.clone().requires_grad_()
+    mask = padding_mask(LENGTHS, T, False).to(DEVICE)
+    out = _attention(*views(x), None, mask, sinkhorn_iters=2)
+    ref = _reference(*views(xd), None, mask, mask, sinkhorn_iters=2)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    dout = torch.randn(out.shape, generator=g).to(DEVICE)
+    (a,), (b,) = torch.autograd.grad(out, (x,), dout), torch.autograd.grad(ref, (xd,), dout.double())
+    torch.testing.assert_close(a.double(), b, atol=1e-5 * max(1.0, float(b.abs().max())), rtol=0)
+
+
+CRASH = """
+import torch
+from fairseq_dnas.attention.kernels import attend
+T, B, H, D = 19, 2, 2, 16
+x = torch.randn(T, B, 3 * H * D, requires_grad=True)
+q, k, v = (y.reshape(T, B, H, D).permute(1, 2, 0, 3) for y in x.chunk(3, dim=-1))
+out, _ = attend(q, k, v, scheme="dnas", path="triton")
+out.sum().backward()
+print("finite" if torch.isfinite(x.grad).all() else "not finite")
+"""
+
+
+@pytest.mark.full  # the same layout runs in-process above; this one survives a crash of the process
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's process is the one that crashed")
+def test_packed_projection_through_attend_does_not_crash_the_process():
+    """The issue's reproduction, in a subprocess (the old kernels killed it with SIGSEGV)."""
+    res = subprocess.run([sys.executable, "-c", CRASH], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "finite" in res.stdout.split(), (res.returncode, res.stderr[-2000:])
+
+
+# --- dropout ---------------------------------------------------------------------
+
+
+def _seed(value):
+    return torch.tensor([value], dtype=torch.int64, device=DEVICE)
+
+
+OTHER_TILES = dict(forward=(32, 32, 1), backward_kv=(16, 64, 1), backward_q=(64, 16, 1), column=(32, 16, 1))
+
+
+def test_dropout_mask_does_not_depend_on_the_tiles():
+    """The mask is a function of (seed, batch * head, row, key) alone: drawn in
+    tiles of 16 x 16, 32 x 64 and 64 x 32 it is the same, rows and heads differ."""
+    shape, p = (2, 2, 37, 53), 0.3
+    masks = [triton_flash.dropout_mask(_seed(5), shape, p, block=blk) for blk in ((16, 16), (32, 64), (64, 32))]
+    assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
+    m = masks[0]
+    assert not torch.equal(m[0, 0], m[0, 1]) and not torch.equal(m[0, 0], m[1, 0])
+    assert not torch.equal(m[0, 0, 0], m[0, 0, 1])
+    assert not torch.equal(m, triton_flash.dropout_mask(_seed(6), shape, p))
+
+
+@pytest.mark.parametrize("scheme", ["hnas", pytest.param("dnas", marks=pytest.mark.full)])
+def test_dropout_same_mask_in_all_three_kernels_at_two_tile_shapes(scheme, monkeypatch):
+    """Forward (out), kv (dk, dv) and q (dq) kernels against float64 autograd
+    with the materialized mask, at the interpreter's 16 x 16 tiles and at
+    tiles of other shapes in every kernel: any kernel drawing another mask
+    would miss by far more than the tolerance."""
+    tk = 37
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, H, n, D, generator=g, dtype=torch.float64) for n in (T, tk, tk))
+    q, k = q * 1.5, k * 1.5
+    u = torch.tensor([0.3, 0.8], dtype=torch.float64) if scheme == "hnas" else None
+    qmask = padding_mask(LENGTHS, T, True).to(DEVICE)
+    kmask = padding_mask((37, 30), tk, False).to(DEVICE)
+    p, seed = 0.25, _seed(77)
+    keep = triton_flash.dropout_mask(seed, (B, H, T, tk), p)
+    ref_ins = [x.to(DEVICE).requires_grad_() for x in (q, k, v)] + ([] if u is None else [u.to(DEVICE).requires_grad_()])
+    ref = _reference(*ref_ins[:3], ref_ins[3] if u is not None else None, kmask, qmask, keep=keep, p=p)
+    dout = torch.randn(ref.shape, generator=g).to(DEVICE)
+    ref_grads = torch.autograd.grad(ref, ref_ins, dout.double())
+    for tiles in ({}, OTHER_TILES):
+        for kernel, tile in tiles.items():
+            monkeypatch.setitem(triton_common.INTERPRETER_TILES, kernel, tile)
+        ins = [x.detach().float().requires_grad_() for x in ref_ins]
+        out = triton_flash.triton_attention(*ins[:3], hybrid_weight=ins[3] if u is not None else None,
+                                            key_padding_mask=kmask, query_padding_mask=qmask,
+                                            dropout_p=p, seed=seed)
+        torch.testing.assert_close(out.double(), ref.detach(), atol=1e-5, rtol=0, msg=lambda m: f"{tiles}: {m}")
+        for name, a, b in zip("qkvu", torch.autograd.grad(out, ins, dout), ref_grads):
+            atol = 1e-5 * max(1.0, float(b.abs().max()))
+            torch.testing.assert_close(a.double(), b, atol=atol, rtol=0,
+                                       msg=lambda m, name=name: f"d{name} with tiles {tiles}: {m}")
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_rate_within_three_standard_errors(p):
+    """Over 2 x 2 x 128 x 256 decisions the drop rate is p_eff = round(256 p) / 256
+    within 3 standard errors, overall and at each of the 16 positions a
+    Philox call decides (a layout slip would repeat or skip bytes)."""
+    shape = (2, 2, 128, 256)
+    keep = triton_flash.dropout_mask(_seed(2024), shape, p, block=(64, 64))
+    p_eff = triton_flash.effective_dropout_p(p)
+    assert abs(p_eff - p) <= 1 / 512
+    dropped = (~keep).double()
+    n = dropped.numel()
+    se = (p_eff * (1 - p_eff) / n) ** 0.5
+    assert abs(dropped.mean().item() - p_eff) < 3 * se, (dropped.mean().item(), p_eff, se)
+    per_lane = dropped.reshape(-1, 16).mean(0)  # key j % 16: byte j % 4 of word (j % 16) // 4
+    se_lane = (p_eff * (1 - p_eff) / (n / 16)) ** 0.5
+    # 16 lanes: allow 3.5 standard errors (a 3-sigma miss somewhere among 16 is not rare)
+    assert (per_lane - p_eff).abs().max().item() < 3.5 * se_lane, per_lane
+    # neighbouring keys (same Philox call) are independent: P(both dropped) = p_eff ** 2
+    pair = (dropped[..., 0::2] * dropped[..., 1::2]).mean().item()
+    assert abs(pair - p_eff**2) < 3 * (p_eff**2 * (1 - p_eff**2) / (n / 2)) ** 0.5, (pair, p_eff**2)
+
+
+def test_dropout_threshold_rounds_p_to_multiples_of_1_256():
+    assert triton_flash.dropout_threshold(0.0) == 0
+    assert triton_flash.dropout_threshold(0.1) == 26  # p_eff = 0.1015625
+    assert triton_flash.dropout_threshold(0.999) == 255  # below 1: something is kept
+    assert triton_flash.dropout_threshold(1.0) == 256
+    assert triton_flash.effective_dropout_p(0.5) == 0.5
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="probability in"):
+            triton_flash.triton_attention(*(torch.zeros(1, 1, 4, 16),) * 3, dropout_p=bad)
+
+
+def test_dropout_p_one_gives_zeros_and_zero_gradients():
+    """As torch.nn.functional.dropout(p=1): every probability dropped."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, T, D, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    u = torch.tensor([0.3, 0.8], device=DEVICE, requires_grad=True)
+    out = _attention(q, k, v, u, padding_mask(LENGTHS, T, True).to(DEVICE), dropout_p=1.0, seed=_seed(1))
+    assert torch.equal(out, torch.zeros_like(out))
+    for grad in torch.autograd.grad(out, (q, k, v, u), torch.randn_like(out)):
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+
+# --- offsets, grid, device ------------------------------------------------------------
+
+
+def test_int64_offsets_are_chosen_from_the_largest_offset_a_tensor_reaches():
+    """No memory is allocated: meta tensors carry shapes and strides only."""
+    small = torch.empty((2, 12, 128, 64), device="meta")
+    assert not triton_common.needs_int64(small, None)
+    assert triton_common.needs_int64(small, torch.empty((2**31,), device="meta"))
+    # a (B, H, T, D) view of a (T, B, H * D) projection with 2**31 elements: offsets T * B * H * D
+    t, bsz, heads, d = 2**15, 2**4, 2**6, 2**6
+    view = torch.empty((t, bsz, heads * d), device="meta").view(t, bsz, heads, d).permute(1, 2, 0, 3)
+    assert triton_common.needs_int64(view)
+    assert not triton_common.needs_int64(view[:, :, : t // 2])
+
+
+def test_int64_code_path_gives_the_same_results(monkeypatch):
+    """The INT64 variant of every kernel (forced on small tensors) equals the int32 one."""
+    g = torch.Generator().manual_seed(4)
+    t = 16  # one tile: only the offsets' type changes
+    q, k, v = (torch.randn(B, H, t, D, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    u = torch.tensor([0.3, 0.8], device=DEVICE, requires_grad=True)
+    mask = padding_mask((16, 9), t, True).to(DEVICE)
+    kw = dict(dropout_p=0.2, seed=_seed(9), sinkhorn_iters=2)
+    results = []
+    for forced in (False, True):
+        if forced:
+            for module in (triton_flash, triton_common, triton_sinkhorn):
+                monkeypatch.setattr(module, "needs_int64", lambda *tensors: True)
+        out = _attention(q, k, v, u, mask, **kw)
+        results.append((out, *torch.autograd.grad(out, (q, k, v, u), torch.ones_like(out))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_grid_is_one_axis_with_room_for_any_batch():
+    """B * H * blocks programs on axis 0 (2**31 - 1), not B on an axis of 65,535."""
+    assert triton_common.grid(128, 64, 100_000, 16) == (2 * 100_000 * 16,)
+    with pytest.raises(ValueError, match="split the batch"):
+        triton_common.grid(2**20, 16, 2**12, 16)
+
+
+def test_kernels_launch_on_the_inputs_device(monkeypatch):
+    """torch.cuda.device(x.device) around the launches (a model on cuda:1
+    without set_device); on CPU nothing is entered."""
+    entered = []
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: entered.append(dev) or _Nothing())
+    triton_common.on_device(torch.empty(1, device="meta"))
+    assert entered == []
+
+    class FakeCuda:
+        device = torch.device("cuda", 1)
+
+    triton_common.on_device(FakeCuda())
+    assert entered == [torch.device("cuda", 1)]
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --- float16 numerics ---------------------------------------------------------------
+
+
+def test_float16_dk_with_a_large_mean_query():
+    """Queries with a large common mean (a q_proj bias): dk = sum_i ds q_i
+    cancels the mean exactly in real arithmetic, but in float16 only up to
+    the rounding of the two products dk_t and dc dk_x. The kv kernel
+    subtracts the mean real query first; its error against float64 must be
+    about the float16 rounding of dk itself, and far below the error without
+    the centring (the interpreter's float16 tl.dot is exact)."""
+    g = torch.Generator().manual_seed(0)
+    mean = 16.0 * torch.randn(1, 1, 1, D, generator=g).sign()
+    q = (torch.randn(1, H, 32, D, generator=g) * 0.5 + mean).half()
+    k = (torch.randn(1, H, 32, D, generator=g) * 0.5).half()
+    v = torch.randn(1, H, 32, D, generator=g).half()
+    do = torch.randn(1, H, 32, D, generator=g).half()
+    mask = padding_mask((27,), 32, True)
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    ref_dk = torch.autograd.grad(_reference(qd, kd, vd, None, mask, mask), kd, do.double())[0]
+    seed = torch.zeros(1, dtype=torch.int64)
+    errors = {}
+    for center in (False, True):
+        out, o_d, c, r_d, r_u, _ = triton_flash._forward(q, k, v, None, mask, mask, 0.0, seed, 1)
+        _, dk, _, _ = triton_flash._backward(do, q, k, v, None, mask, mask, 0.0, seed, out, o_d, c, r_d, r_u,
+                                             center_queries=center)
+        errors[center] = (dk.double() - ref_dk).abs().max().item()
+    rounding = torch.finfo(torch.float16).eps * ref_dk.abs().max().item()  # one ulp of the largest dk
+    msg = f"max |dk - float64|: without centring {errors[False]:.2e}, with {errors[True]:.2e}, ulp {rounding:.2e}"
+    assert errors[True] <= rounding and errors[True] < errors[False] / 5, msg
