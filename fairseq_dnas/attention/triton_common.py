@@ -27,7 +27,8 @@ is dropped when its byte is below the threshold t = round(256 p) (at most
 p_eff = t / 256 (|p_eff - p| <= 1/512; FlashAttention-2 also thresholds 8
 bits, keep <= floor(255 (1 - p)), and scales by 1 / (1 - p)); kept elements
 are scaled by 1 / (1 - p_eff) = 256 / (256 - t), so E[Z'] = 1 exactly. p = 1
-drops everything and gives zeros, as torch's dropout. Philox runs 7 rounds,
+drops everything and gives zeros, as torch's dropout (the kernels compare
+with t = 255 and scale by 0). Philox runs 7 rounds,
 as FlashAttention-2's (Philox4x32-7 passes BigCrush, Salmon et al. 2011;
 10 is their margin and Triton's default).
 """
@@ -219,16 +220,18 @@ def _keep(seed, bh, offs_m, start_n, TK, threshold, BLOCK_N: tl.constexpr, TRANS
     zero = tl.zeros_like(c0)
     r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero, DROPOUT_ROUNDS)
     words = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # (., ., 2, 2): [.., a, c] = r_{2a + c}
-    shift = ((tl.arange(0, BLOCK_N) % 4) * 8).to(tl.uint32)  # byte j % 4 of word (j % 16) // 4
+    # byte j % 4 of word (j % 16) // 4, moved to the top: x >= t 2**24 <=> byte >= t (the bits
+    # below it cannot change the comparison), one shift and one compare per key
+    shift = (24 - (tl.arange(0, BLOCK_N) % 4) * 8).to(tl.uint32)
+    top = (tl.minimum(threshold, 255).to(tl.uint32) << 24)  # t = 256 (p = 1): the kernels' scale is 0
     if TRANSPOSED:
         words = tl.permute(tl.reshape(words, (G, M, 4)), (0, 2, 1))  # (G, 4, M): word w
         word = tl.reshape(tl.broadcast_to(words[:, :, None, :], (G, 4, 4, M)), (BLOCK_N, M))
-        rand = (word >> shift[:, None]) & 0xFF
+        return (word << shift[:, None]) >= top
     else:
         words = tl.reshape(words, (M, G, 4))  # (M, G, 4): word w
         word = tl.reshape(tl.broadcast_to(words[:, :, :, None], (M, G, 4, 4)), (M, BLOCK_N))
-        rand = (word >> shift[None, :]) & 0xFF
-    return rand.to(tl.int32) >= threshold
+        return (word << shift[None, :]) >= top
 
 
 # --------------------------------------------------------------------------
@@ -288,6 +291,12 @@ def on_device(x: Tensor):
     if x.device.type == "cuda":
         return torch.cuda.device(x.device)
     return contextlib.nullcontext()
+
+
+@triton.jit
+def _dropout_scale(drop_threshold):
+    """1 / (1 - p_eff) = 256 / (256 - t); 0 for p = 1 (t = 256), where everything is dropped."""
+    return tl.where(drop_threshold < 256, 256.0 / tl.maximum(256 - drop_threshold, 1).to(tl.float32), 0.0)
 
 
 def dropout_threshold(p: float) -> int:

@@ -93,6 +93,7 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
     TILES_ENV,
     _block_d,
     _column_lse_kernel,
+    _dropout_scale,
     _keep,
     _load_tile,
     _offsets,
@@ -180,8 +181,8 @@ def _forward_kernel(
             m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, keep, DROPOUT, PRECISION)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
-    if DROPOUT:  # 1 / (1 - p_eff) = 256 / (256 - t); t = 256 (p = 1) drops all, the scale is then unused
-        scale = 256.0 / tl.maximum(256 - drop_threshold, 1).to(tl.float32)
+    if DROPOUT:
+        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
     else:
         scale = 1.0
     l_d = tl.where(ok_d, l_d, 1.0)
@@ -271,9 +272,12 @@ def _backward_kv_kernel(
         u = tl.load(U + h)
     else:
         u = 1.0
-    if DROPOUT:
+    if DROPOUT:  # G = Z' (dO V^T) = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
         seed = tl.load(SEED)
-        scale = 256.0 / tl.maximum(256 - drop_threshold, 1).to(tl.float32)  # 1 / (1 - p_eff)
+        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
+    else:
+        scale = 1.0
+    u_g = u * scale
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk_t = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (ds - xi dc)[i, j] (q_i - mu)
     dk_x = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i xi[i, j] (q_i - mu)
@@ -292,8 +296,8 @@ def _backward_kv_kernel(
         g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
         if DROPOUT:
             keep = _keep(seed, bh, offs_m, pid_n * BLOCK_N, TK, drop_threshold, BLOCK_N, True)  # (N, M)
-            g = tl.where(keep, g * scale, 0.0)  # G = Z' (dO V^T)
-        t = p_d * (u * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
+            g = tl.where(keep, g, 0.0)  # G / scale = Z (dO V^T)
+        t = p_d * (u_g * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
         if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
             r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
@@ -308,22 +312,25 @@ def _backward_kv_kernel(
             r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
             e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
             p_u = tl.where(real_k[:, None], tl.exp(s_t - r_u[None, :]), 0.0)  # pi_U^T (r_u = inf: padded query)
-            t_u = p_u * ((1.0 - u) * g - e_u[None, :])
+            t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
             tu += tl.sum(t_u, 1)
             t += t_u
-            du += tl.sum(g * (p_d - p_u), 1)  # dL/du = <G, pi_D - pi_U>
+            du += tl.sum(g * (p_d - p_u), 1)  # dL/du = <G, pi_D - pi_U> (times scale at the end)
             p = u * p_d + (1.0 - u) * p_u
         else:
             p = p_d
         if DROPOUT:
-            p = tl.where(keep, p * scale, 0.0)
-        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)  # dv_j = sum_i Z' pi_H dO_i
+            p = tl.where(keep, p, 0.0)
+        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)  # dv_j = sum_i Z pi_H dO_i (times scale)
         dk_t += tl.dot(t.to(q.dtype), qc, input_precision=PRECISION)
     # dk_j = sum_i ds[i, j] q_i, ds[i, j] = t[i, j] + xi[i, j] dc[j]: the sum over (q_i - mu),
     # plus mu times the column sum of ds, which only HNAS's UNAS part leaves
     dk = dk_t + dc[:, None] * dk_x
     if HYBRID:
         dk += tu[:, None] * mu[None, :]
+    if DROPOUT:
+        dv *= scale
+        du *= scale
     _store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs_n, offs_d, sdk_t, sdk_d, TK, D)
     _store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs_n, offs_d, sdv_t, sdv_d, TK, D)
     tl.store(DC + bh * TK + offs_n, dc, mask=offs_n < TK)
@@ -376,9 +383,12 @@ def _backward_q_kernel(
         e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
         u = 1.0
-    if DROPOUT:
+    if DROPOUT:  # G = scale Z (dO V^T): the scale goes into u and 1 - u
         seed = tl.load(SEED)
-        scale = 256.0 / tl.maximum(256 - drop_threshold, 1).to(tl.float32)  # 1 / (1 - p_eff)
+        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
+    else:
+        scale = 1.0
+    u_g = u * scale
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, TK, BLOCK_N):
         offs_n = _offsets(start_n, BLOCK_N, INT64)
@@ -390,12 +400,12 @@ def _backward_q_kernel(
         p_d = tl.exp(s - c[None, :] - r_d[:, None])  # 0 at padded keys (c = inf) and queries (r_d = inf)
         g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
-            g = tl.where(_keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N), g * scale, 0.0)
+            g = tl.where(_keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N), g, 0.0)  # G / scale
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
-        ds = p_d * (u * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
+        ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
             p_u = tl.where(c[None, :] < float("inf"), tl.exp(s - r_u[:, None]), 0.0)  # padded keys: 0
-            ds += p_u * ((1.0 - u) * g - e_u[:, None])
+            ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
 
@@ -610,6 +620,8 @@ def dropout_mask(seed: Tensor, shape, p: float, block=None) -> Tensor:
     anyone who wants to replay a dropout pattern. ``block`` (BLOCK_M,
     BLOCK_N), multiples of 16, changes only the tiles it is drawn in."""
     bsz, heads, tq, tk = shape
+    if dropout_threshold(p) == 256:  # p = 1: everything dropped (the kernels scale by 0)
+        return torch.zeros(shape, dtype=torch.bool, device=seed.device)
     keep = torch.empty(shape, dtype=torch.int8, device=seed.device)
     bm, bn = block or _tiles("column", 64, torch.float16)[:2]
     with on_device(seed):
