@@ -127,9 +127,9 @@ def _params(arch):
 def test_preset_sizes():
     # Encoder sizes (layers, width, heads, FFN) and parameter counts with a
     # 44-symbol dictionary (the embeddings are tiny, so the counts are the
-    # encoder's): base 85.1M, large/the paper's BERT 302.2M, small 3.2M.
+    # encoder's): base 85M, large / the paper's BERT 302M, small 0.8M.
     expect = {"base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096),
-              "bert": (24, 1024, 16, 4096), "small": (4, 256, 4, 1024)}
+              "bert": (24, 1024, 16, 4096), "small": (4, 128, 4, 512)}
     for preset, (layers, dim, heads, ffn) in expect.items():
         a = roberta_args(f"roberta_hnas_{preset}", tiny=False)
         assert (a.encoder_layers, a.encoder_embed_dim, a.encoder_attention_heads, a.encoder_ffn_embed_dim) == \
@@ -139,12 +139,13 @@ def test_preset_sizes():
     small = _params("roberta_dnas_small")
     assert small == _params("roberta_small")  # DNAS adds no parameter
     assert _params("roberta_hnas_small") == small + 4 * 4  # one u per head and layer
-    # Layer arithmetic, checked against the count: 4 * (attention 4*(256^2+256)
-    # + 2 layer norms 2*2*256 + FFN 2*256*1024 + 1024 + 256), embeddings, LM head.
-    layer = 4 * (256 * 256 + 256) + 2 * 2 * 256 + 2 * 256 * 1024 + 1024 + 256
+    # Layer arithmetic, checked against the count: 4 * (attention 4*(d^2+d)
+    # + 2 layer norms 2*2*d + FFN 2*d*f + f + d), embeddings, LM head.
+    d, f = 128, 512
+    layer = 4 * (d * d + d) + 2 * 2 * d + 2 * d * f + f + d
     vocab = 44 + 1  # WORDS + 4 specials + <mask>
-    embed = vocab * 256 + (128 + 2) * 256 + 2 * 256  # tokens, positions (+pad offset), layer norm
-    lm_head = 256 * 256 + 256 + 2 * 256 + vocab  # dense, layer norm, bias (weight tied)
+    embed = vocab * d + (128 + 2) * d + 2 * d  # tokens, positions (+pad offset), layer norm
+    lm_head = d * d + d + 2 * d + vocab  # dense, layer norm, bias (weight tied)
     assert small == 4 * layer + embed + lm_head
 
 

@@ -95,11 +95,11 @@ class RobertaDNASModel(RobertaModel):
 
 
 def small_architecture(args):
-    """A CPU-sized encoder for the recipe: 4 layers, 256 wide, 4 heads, FFN
-    1,024, 128 positions (about 3.2M parameters besides the embeddings)."""
+    """A CPU-sized encoder for the recipe: 4 layers, 128 wide, 4 heads, FFN
+    512, 128 positions (0.8M parameters besides the embeddings)."""
     args.encoder_layers = safe_getattr(args, "encoder_layers", 4)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 512)
     args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
     args.max_positions = safe_getattr(args, "max_positions", 128)
     base_architecture(args)
