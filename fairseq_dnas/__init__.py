@@ -49,6 +49,10 @@ def _register_with_fairseq(defer_inside_plugin: bool = True) -> None:
 
     checkpoint_compat.install()
 
+    from fairseq_dnas import numpy_compat
+
+    numpy_compat.install()
+
     from fairseq_dnas import models  # noqa: F401  (registers the architectures)
     from fairseq_dnas import tasks  # noqa: F401  (registers translation_rouge)
 

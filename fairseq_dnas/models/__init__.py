@@ -1,8 +1,9 @@
 """fairseq model registrations: importing this registers the architectures."""
 
+from fairseq_dnas.models.roberta_dnas import RobertaDNASModel
 from fairseq_dnas.models.transformer_dnas import TransformerDNASModel
 
-__all__ = ["TransformerDNASModel"]
+__all__ = ["RobertaDNASModel", "TransformerDNASModel"]
 
 from fairseq_dnas import register_with_fairseq  # noqa: E402
 

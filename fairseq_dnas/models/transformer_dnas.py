@@ -54,6 +54,35 @@ def validate_attention_args(args) -> None:
         )
 
 
+def add_scheme_args(parser, decoder: bool = True) -> None:
+    """The attention-scheme flags (shared by transformer_dnas and roberta_dnas).
+    Defaults are set in the architecture functions, as fairseq does."""
+    parser.add_argument(
+        "--encoder-attention-scheme", choices=SCHEMES,
+        help="encoder self-attention normalization: unas (softmax over keys), "
+             "dnas (doubly normalized, Algorithm 1) or hnas (learned mix of both)",
+    )
+    if decoder:
+        parser.add_argument(
+            "--decoder-attention-scheme", choices=SCHEMES,
+            help="must stay unas: DNAS cannot run under incremental decoding",
+        )
+    parser.add_argument(
+        "--sinkhorn-iters", type=int, metavar="N",
+        help="column/row normalization rounds for DNAS/HNAS (1 = the paper's "
+             "DNAS; more converge to a doubly-stochastic matrix)",
+    )
+    parser.add_argument(
+        "--hybrid-init", type=float, metavar="U",
+        help="initial HNAS weight u of DNAS, in (0, 1) (paper: 0.1 for "
+             "Gigaword, 0.5 elsewhere)",
+    )
+    parser.add_argument(
+        "--hybrid-weight-per", choices=HYBRID_PER,
+        help="one trainable HNAS weight per head (the paper's u_l^h) or per layer",
+    )
+
+
 @register_model("transformer_dnas")
 class TransformerDNASModel(TransformerModel):
     """fairseq's Transformer with a DNAS/HNAS/UNAS encoder and a UNAS decoder.
@@ -65,30 +94,7 @@ class TransformerDNASModel(TransformerModel):
     @staticmethod
     def add_args(parser):
         TransformerModel.add_args(parser)
-        # Defaults are set in the architecture functions, as fairseq does.
-        parser.add_argument(
-            "--encoder-attention-scheme", choices=SCHEMES,
-            help="encoder self-attention normalization: unas (softmax over keys), "
-                 "dnas (doubly normalized, Algorithm 1) or hnas (learned mix of both)",
-        )
-        parser.add_argument(
-            "--decoder-attention-scheme", choices=SCHEMES,
-            help="must stay unas: DNAS cannot run under incremental decoding",
-        )
-        parser.add_argument(
-            "--sinkhorn-iters", type=int, metavar="N",
-            help="column/row normalization rounds for DNAS/HNAS (1 = the paper's "
-                 "DNAS; more converge to a doubly-stochastic matrix)",
-        )
-        parser.add_argument(
-            "--hybrid-init", type=float, metavar="U",
-            help="initial HNAS weight u of DNAS, in (0, 1) (paper: 0.1 for "
-                 "Gigaword, 0.5 elsewhere)",
-        )
-        parser.add_argument(
-            "--hybrid-weight-per", choices=HYBRID_PER,
-            help="one trainable HNAS weight per head (the paper's u_l^h) or per layer",
-        )
+        add_scheme_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
