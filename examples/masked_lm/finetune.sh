@@ -7,7 +7,8 @@
 #     ARCH=roberta_hnas TASK=sst2 SEED=1 bash examples/masked_lm/finetune.sh [fairseq-train flags]
 #
 # ARCH and SIZE must be those of the pretraining. The model of the last update
-# is kept (SAVE_DIR/checkpoint_last.pt) and scored with score.sh; the
+# is kept (SAVE_DIR/checkpoint_last.pt) and scored with
+# scripts/sentence_classify.py score; the
 # validation split is printed for model selection, the test split is never
 # seen. Safe to re-run (a finished run is skipped).
 set -euo pipefail
@@ -69,4 +70,4 @@ say "log: $SAVE_DIR/train.log"
 "${LAUNCH[@]}" "${ARGS[@]}" "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
 [ -f "$SAVE_DIR/checkpoint_last.pt" ] || die "fine-tuning ended without $SAVE_DIR/checkpoint_last.pt (see $SAVE_DIR/train.log)"
 touch "$SAVE_DIR/done"
-say "done: $SAVE_DIR/checkpoint_last.pt (score it: CHECKPOINT=$SAVE_DIR/checkpoint_last.pt TASK=$TASK bash examples/masked_lm/score.sh)"
+say "done: $SAVE_DIR/checkpoint_last.pt (score it: python scripts/sentence_classify.py score $SAVE_DIR/checkpoint_last.pt TEST.tsv)"

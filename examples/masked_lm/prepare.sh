@@ -25,6 +25,7 @@ MAX_PIECES="${MAX_PIECES:-126}"        # + <s> and </s> = 128 positions (the sma
 MAX_LINES="${MAX_LINES:-0}"            # >0: at most N sentences per source file (quick runs)
 MAX_TRAIN="${MAX_TRAIN:-0}"            # >0: at most N fine-tuning training sentences per task
 MAX_EVAL="${MAX_EVAL:-0}"              # >0: at most N fine-tuning valid/test sentences per task
+TASKS="${TASKS:-sst2 cola}"            # fine-tuning sets to prepare
 WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 
 source "$(dirname "$0")/../common.sh"
@@ -69,7 +70,8 @@ if [ ! -s "$BIN/pretrain/valid.idx" ]; then
   rm -rf "$BIN/pretrain" && mv "$BIN/pretrain.tmp" "$BIN/pretrain"
 fi
 
-for task in sst2 cola; do
+for task in $TASKS; do
+  case "$task" in sst2|cola) ;; *) die "TASKS=$TASKS: choose among sst2 and cola" ;; esac
   [ -s "$BIN/$task/label/test.idx" ] && continue
   say "4/4 $task: sentence_prediction layout with the pretraining dictionary"
   RAW="$TEXT/$task"
@@ -85,4 +87,4 @@ for task in sst2 cola; do
     || die "fairseq-preprocess failed for $task labels (see $RAW/preprocess.log)"
   rm -rf "$BIN/$task" && mv "$BIN/$task.tmp" "$BIN/$task"
 done
-say "done: pretraining data $BIN/pretrain, fine-tuning data $BIN/sst2 and $BIN/cola, SentencePiece $BIN/sp.model"
+say "done: pretraining data $BIN/pretrain, fine-tuning data in $BIN/{${TASKS// /,}}, SentencePiece $BIN/sp.model"
