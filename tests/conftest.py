@@ -102,3 +102,15 @@ def gigaword_dir():
 def multi30k_dir():
     """The shared Multi30k German-English data (``MULTI30K_DIR``)."""
     return _shared_data("MULTI30K_DIR", "../shared/data/multi30k")
+
+
+@pytest.fixture(scope="session")
+def wikitext_dir():
+    """The shared WikiText-2 valid/test text (``WIKITEXT_DIR``)."""
+    return _shared_data("WIKITEXT_DIR", "../shared/data/wikitext-2")
+
+
+@pytest.fixture(scope="session")
+def glue_dir():
+    """The shared SST-2 and CoLA files (``GLUE_DIR``)."""
+    return _shared_data("GLUE_DIR", "../shared/data/glue")

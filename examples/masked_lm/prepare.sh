@@ -39,9 +39,16 @@ SOURCES=("$WIKITEXT_DIR/valid.txt" "$WIKITEXT_DIR/test.txt"
          "$MULTI30K_DIR/raw/train.en" "$MULTI30K_DIR/raw/val.en"
          "$MULTI30K_DIR/raw/test_2016_flickr.en" "$MULTI30K_DIR/raw/test_2017_flickr.en")
 for f in "${SOURCES[@]}"; do [ -s "$f" ] || die "missing or empty source text $f"; done
+for task in $TASKS; do
+  case "$task" in sst2|cola) ;; *) die "TASKS=$TASKS: choose among sst2 and cola" ;; esac
+done
+for n in VOCAB VALID_EVERY MAX_PIECES; do check_number "$n" 1; done
+for n in MAX_LINES MAX_TRAIN MAX_EVAL; do check_number "$n"; done
 
 TEXT="$OUT_DIR/text"; BIN="$OUT_DIR/bin"
 mkdir -p "$TEXT" "$BIN"
+# A folder prepared with other settings is refused, never mixed with new output.
+check_settings_file "$OUT_DIR" "VOCAB=$VOCAB VALID_EVERY=$VALID_EVERY MAX_PIECES=$MAX_PIECES MAX_LINES=$MAX_LINES MAX_TRAIN=$MAX_TRAIN MAX_EVAL=$MAX_EVAL"
 SPM=("$PYTHON" "$REPO/scripts/sentencepiece_tool.py")
 DATA=("$PYTHON" "$REPO/scripts/masked_lm_data.py")
 PREPROCESS=("$PYTHON" -m fairseq_cli.preprocess --only-source --workers "$WORKERS")
@@ -56,8 +63,8 @@ if [ ! -s "$BIN/sp.model" ]; then
   "${SPM[@]}" train --input "$TEXT/train.txt" --model-prefix "$BIN/sp" --vocab-size "$VOCAB" --threads "$WORKERS"
 fi
 
-encode() {  # encode IN OUT
-  "${SPM[@]}" encode --model "$BIN/sp.model" --input "$1" --output "$2" --max-pieces "$MAX_PIECES"
+encode() {  # encode IN OUT: SentencePiece pieces, progress shown for large files (common.sh)
+  encode_pieces "$BIN/sp.model" "$1" "$2" --max-pieces "$MAX_PIECES"
 }
 
 if [ ! -s "$BIN/pretrain/valid.idx" ]; then
@@ -71,7 +78,6 @@ if [ ! -s "$BIN/pretrain/valid.idx" ]; then
 fi
 
 for task in $TASKS; do
-  case "$task" in sst2|cola) ;; *) die "TASKS=$TASKS: choose among sst2 and cola" ;; esac
   [ -s "$BIN/$task/label/test.idx" ] && continue
   say "4/4 $task: sentence_prediction layout with the pretraining dictionary"
   RAW="$TEXT/$task"
