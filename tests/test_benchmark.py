@@ -104,3 +104,18 @@ def test_peak_memory_counts_the_benchmark_device_not_the_gpu():
     assert benchmark.DEVICE.type == "cpu"
     peak = benchmark.peak_memory_bytes(lambda: torch.ones(1 << 20).sum())
     assert peak >= 4 << 20
+
+
+def test_quick_roberta_benchmark_writes_json(tmp_path):
+    """benchmarks/bench_roberta.py --quick: the three masked-LM encoders timed
+    on one update each, the DNAS/HNAS outputs differing from roberta's."""
+    out = tmp_path / "roberta.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_roberta.py"), "--quick",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["arch"] for r in rows] == ["roberta", "roberta_dnas", "roberta_hnas"]
+    for r in rows:
+        assert _positive(r["median_s"]) and _positive(r["cpu_ratio"]) and _positive(r["memory_ratio"]), r
+    assert rows[0]["max_abs_diff_to_roberta"] == 0 and all(r["max_abs_diff_to_roberta"] > 0 for r in rows[1:])
+    assert "target roberta_hnas: CPU time x" in proc.stdout
