@@ -4,7 +4,7 @@
 #   ARCH=roberta_hnas SIZE=small SEED=1 bash examples/masked_lm/pretrain.sh [fairseq-train flags]
 #
 # Flags after the script name go to fairseq-train last (they override).
-# SIZE=small (4 layers, 256 wide, 4 heads, FFN 1,024, 128 positions) is the
+# SIZE=small (4 layers, 128 wide, 4 heads, FFN 512, 128 positions) is the
 #   CPU size of the README's table; base / large are fairseq's RoBERTa sizes,
 #   bert the paper's (24 layers, 1,024 wide, 16 heads = large): GPUs.
 # DEVICE=gpu runs on NPROC GPUs of this node (all by default) with fp16; the
