@@ -14,7 +14,7 @@ from helpers import ROOT
 
 RUN_SEEDS = os.path.join(ROOT, "examples", "gigaword", "run_seeds.sh")
 ARCHS = ("transformer_dnas", "transformer_hnas")
-TINY = {"SIZE": "tiny", "DEVICE": "cpu", "BATCH_SENTENCES": "32", "MAX_UPDATE": "40", "LR": "1e-3",
+TINY = {"SIZE": "tiny", "DEVICE": "cpu", "BATCH_SENTENCES": "32", "MAX_UPDATE": "24", "LR": "1e-3",
         "WARMUP_UPDATES": "2", "VALIDATE_INTERVAL_UPDATES": "3", "EVAL_ROUGE": "0", "LOG_INTERVAL": "1",
         "BEAM": "2", "LEAD_WORDS": "3", "JOBS": "2", "SEEDS": "1", "ARCHS": " ".join(ARCHS)}
 
@@ -43,7 +43,7 @@ def test_two_jobs_at_once_stopped_and_resumed(setup):
     proc = subprocess.Popen(["bash", RUN_SEEDS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     # Stop the whole run once one job has written a checkpoint (the first comes
-    # at update 3 of 40, so both jobs are still training when it is stopped,
+    # at update 3 of 24, so both jobs are still training when it is stopped,
     # however fast the machine).
     deadline = time.time() + 300
     while not list(ckpt.glob("*/checkpoint_last.pt")):
@@ -66,7 +66,7 @@ def test_two_jobs_at_once_stopped_and_resumed(setup):
     logs = "".join((tmp_path / "results" / arch / "seed1.log").read_text() for arch in ARCHS)
     assert "resuming from" in logs, logs[-3000:]
     # Each job's console: training and decoding progress (21 test sentences).
-    assert logs.count("[train] update 40/40 (100%)") == 2, logs[-3000:]
+    assert logs.count("[train] update 24/24 (100%)") == 2, logs[-3000:]
     assert logs.count("[generate] 21/21 sentences (100%)") == 2, logs[-3000:]
     table = (tmp_path / "results" / "table.md").read_text()
     for name in ("DNAS encoder | 1 |", "HNAS encoder | 1 |", "lead-3 | 1 |"):

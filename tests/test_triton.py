@@ -207,11 +207,13 @@ def test_the_scheme_runs_not_softmax():
 @pytest.mark.parametrize(
     "scheme, iters, padding, tk, dtype",
     [
-        ("dnas", 2, "left", T, torch.float32),
-        ("dnas", 3, "right", T, torch.float32),
-        ("hnas", 2, "right", T, torch.float32),
+        # default tier: both schemes, 2 and 3 rounds, cross-attention, float16
         ("hnas", 3, "left", 29, torch.float32),  # cross-attention: rows and columns of different lengths
         ("dnas", 2, "left", T, torch.float16),
+        # full tier: the other padding side and the remaining scheme x rounds pairs in float32
+        pytest.param("dnas", 2, "left", T, torch.float32, marks=pytest.mark.full),
+        pytest.param("dnas", 3, "right", T, torch.float32, marks=pytest.mark.full),
+        pytest.param("hnas", 2, "right", T, torch.float32, marks=pytest.mark.full),
     ],
 )
 def test_sinkhorn_iterations_match_float64_reference(scheme, iters, padding, tk, dtype):
@@ -338,19 +340,21 @@ def test_dropout_same_seed_same_result_and_p0_is_no_dropout():
         assert torch.equal(out, plain)
 
 
-def test_dropout_mean_over_seeds_approaches_the_expectation():
+@pytest.mark.parametrize("n", [100, pytest.param(400, marks=pytest.mark.full)])
+def test_dropout_mean_over_seeds_approaches_the_expectation(n):
     """E[Z / (1 - p)] = 1: the average output over many masks tends to the
-    no-dropout output (the error of the mean shrinks like 1 / sqrt(n))."""
+    no-dropout output (the error of the mean shrinks like 1 / sqrt(n); the
+    bound asks for sqrt(n) / 2.5 of it: 4x fewer masks in the default tier)."""
     q, k, v = _qkv(batch=1, heads=1, tq=20, tk=20, d=16)
     plain = _run(q, k, v, "dnas", None, None, None).detach()
-    n, p = 400, 0.1
+    p = 0.1
     total = torch.zeros_like(plain)
     for seed in range(n):
         total += _run(q, k, v, "dnas", None, None, None, dropout_p=p, seed=_seed(seed)).detach()
     err_mean = (total / n - plain).abs().mean().item()
     one = _run(q, k, v, "dnas", None, None, None, dropout_p=p, seed=_seed(10**6)).detach()
     err_one = (one - plain).abs().mean().item()
-    assert err_mean < err_one / 8, (err_mean, err_one)  # sqrt(400) = 20 in expectation
+    assert err_mean < err_one / (n ** 0.5 / 2.5), (err_mean, err_one)  # sqrt(n) in expectation
 
 
 # --- the path in the package ------------------------------------------------------

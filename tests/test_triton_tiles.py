@@ -89,12 +89,18 @@ def _tune(tmp_path, *extra):
     return res, out
 
 
-def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path):
-    res, out = _tune(tmp_path, "--kernels", "column,backward_kv")
+@pytest.mark.parametrize("kernels", [
+    # default tier: one kernel tuned (the mechanism); full tier: a second one
+    # beside it (the file keeps both, the kernels read both, the rest untouched)
+    ("column",),
+    pytest.param(("column", "backward_kv"), marks=pytest.mark.full),
+])
+def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path, kernels):
+    res, out = _tune(tmp_path, "--kernels", ",".join(kernels))
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     tiles = data["tiles"]["float32:64"]  # head size 32 shares the <= 64 entry
-    assert set(tiles) == {"column", "backward_kv"}
+    assert set(tiles) == set(kernels)
     for kernel in tiles:
         timed = data["measured"]["fp32:32"][kernel]
         tiles_step, stages_step = timed["steps"]
@@ -119,8 +125,9 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path):
     res = _run(["-c", probe], env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(out)))
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(res.stdout)
-    assert got["column"] == tiles["column"] and got["backward_kv"] == tiles["backward_kv"]
-    assert got["forward"] == list(triton_flash.GPU_TILES["float32", 64]["forward"])
+    for kernel in kernels:
+        assert got[kernel] == tiles[kernel], kernel
+    assert got["forward"] == list(triton_flash.GPU_TILES["float32", 64]["forward"])  # not tuned: unchanged
 
 
 def _tuner():
