@@ -15,23 +15,40 @@ queries i, sum_i pi_ij (padding excluded), and reports per layer:
   UNAS and a DNAS model): encoder_self.png, decoder_cross.png,
   decoder_self.png.
 
-The model runs in eval mode with teacher forcing (the reference target feeds
-the decoder). Encoder self-attention uses the model's scheme; an HNAS layer is
+Translation checkpoints (transformer, transformer_dnas, transformer_hnas)
+run in eval mode with teacher forcing (the reference target feeds the
+decoder). Encoder self-attention uses the model's scheme; an HNAS layer is
 reported as the mixture it uses (component 'mixture', with its u per head)
 and as its DNAS and UNAS parts. The decoder is always UNAS: its
 cross-attention (target queries over source keys) shows which source tokens
 the decoder ignores; its self-attention is causal, so the last positions can
 only be attended by few queries and small sums there are partly the mask.
 
-Example:
+RoBERTa checkpoints (roberta, roberta_dnas, roberta_hnas; --task masked_lm or
+sentence_prediction) have encoder self-attention only. Each line of the split
+is fed as "<s> sentence </s>", what RoBERTa reads (a sentence_prediction
+model: its --init-token first), without masking (the model's own features;
+no LM or classification head runs); a sentence longer than the model's
+maximum positions (counting <s> and </s>) is skipped, not truncated, and the
+count is printed and kept in summary.json. --data is the masked-LM data
+folder (fairseq-preprocess --only-source: dict.txt, valid.bin/.idx) or a
+sentence_prediction folder (its input0/ sentences are read; of a sentence
+pair only the first). A sentence_prediction checkpoint needs its own
+fine-tuning folder (input0/, label/).
+
+Examples:
     python scripts/explaining_away.py --path unas/checkpoint_best.pt dnas/checkpoint_best.pt \\
         --data data-bin/gigaword --subset valid --out analysis/explaining_away
+    python scripts/explaining_away.py --labels UNAS DNAS HNAS --path \\
+        checkpoints/masked_lm/{roberta,roberta_dnas,roberta_hnas}-small-seed1/checkpoint_last.pt \\
+        --data data/masked_lm/bin/pretrain --subset valid --out analysis/explaining_away_mlm
 
 Writes into --out: summary.csv, summary.json, histograms.csv and the PNGs.
 Exit status: 0 on success; 1 for a missing checkpoint, data folder or split,
-an empty split, a truncated or corrupt checkpoint or data file, or a
-checkpoint that does not fit the data (one line naming the file); 2 for bad
-arguments. Nothing is written unless every checkpoint was analysed.
+an empty split, a truncated or corrupt checkpoint or data file, a checkpoint
+that does not fit the data, or data of the wrong kind (translation data for a
+RoBERTa checkpoint or the reverse), with one line saying what to give; 2 for
+bad arguments. Nothing is written unless every checkpoint was analysed.
 """
 
 import argparse
@@ -40,7 +57,13 @@ import sys
 import time
 
 from fairseq_dnas.analysis.column_sums import BIN_WIDTH, EDGES, EPSILON
-from fairseq_dnas.analysis.explaining_away import SplitError, load_split, run_split, summary_rows
+from fairseq_dnas.analysis.explaining_away import (
+    EncoderInputs,
+    SplitError,
+    load_split,
+    run_split,
+    summary_rows,
+)
 from fairseq_dnas.file_checks import BadFile
 
 SUMMARY_FIELDS = [
@@ -54,7 +77,10 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--path", nargs="+", action="extend", required=True, metavar="CHECKPOINT",
                         help="checkpoint(s) to compare (repeat or list several)")
-    parser.add_argument("--data", required=True, metavar="DATA-BIN", help="fairseq-preprocess output folder")
+    parser.add_argument("--data", required=True, metavar="DATA-BIN",
+                        help="fairseq-preprocess output folder: the translation data of translation checkpoints; "
+                             "for RoBERTa checkpoints the --only-source folder (dict.txt) or a "
+                             "sentence_prediction folder (input0/)")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the pictures and tables")
     parser.add_argument("--subset", default="valid", help="split to analyse (default: valid)")
     parser.add_argument("--labels", nargs="+", metavar="LABEL", help="one legend label per checkpoint")
@@ -62,7 +88,8 @@ def parse_args(argv):
                         help="analyse only the first N sentences of the split (by id)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="B", help="sentences per forward pass")
     parser.add_argument("--epsilon", type=float, default=EPSILON, help="explained-away threshold (paper: 1e-8)")
-    parser.add_argument("--no-decoder", action="store_true", help="encoder self-attention only")
+    parser.add_argument("--no-decoder", action="store_true",
+                        help="encoder self-attention only (RoBERTa models have nothing else)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even when CUDA is available")
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.path):
@@ -120,11 +147,22 @@ def histogram_rows(label, rec):
     return rows
 
 
+def input_description(dataset, max_positions) -> str:
+    """What an encoder-only model reads (empty for translation data)."""
+    if not isinstance(dataset, EncoderInputs):
+        return ""
+    folder = os.path.normpath(dataset.folder)
+    pairs = os.path.basename(folder) == "input0" and os.path.isdir(os.path.join(os.path.dirname(folder), "input1"))
+    return (f"inputs: '{dataset.shape}' per line of {dataset.folder}, unmasked; sentences longer than "
+            f"{max_positions} tokens (counted as fed) are skipped, not truncated"
+            + ("; sentence pairs: only the first sentences (input0), not input1" if pairs else ""))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from fairseq_dnas.analysis.checkpoints import encoder_scheme, load_model
+    from fairseq_dnas.analysis.checkpoints import DataMismatch, encoder_scheme, load_model
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     results = []  # (label, scheme, recorder, info)
@@ -132,13 +170,16 @@ def main(argv=None) -> int:
         try:
             model, _, task = load_model(path, args.data, device)
             dataset = load_split(task, args.subset, args.data)
-        except (FileNotFoundError, SplitError, BadFile) as err:
+        except (FileNotFoundError, SplitError, BadFile, DataMismatch) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
         scheme = encoder_scheme(model)
         label = args.labels[i] if args.labels else default_label(path, scheme)
         print(f"{label}: {path}, encoder {scheme.upper()}, split '{args.subset}' ({len(dataset)} sentences)",
               file=sys.stderr)
+        inputs = input_description(dataset, model.max_positions())
+        if inputs:
+            print(f"  {inputs}", file=sys.stderr)
         try:
             rec, n_done, n_skipped = run_split(
                 model, dataset, batch_size=args.batch_size, max_sentences=args.max_sentences,
@@ -149,8 +190,11 @@ def main(argv=None) -> int:
             return 1
         if n_skipped:
             print(f"  skipped {n_skipped} sentences longer than the model's maximum positions", file=sys.stderr)
-        results.append((label, scheme, rec, {"label": label, "checkpoint": path, "scheme": scheme,
-                                             "sentences": n_done, "skipped_too_long": n_skipped}))
+        info = {"label": label, "checkpoint": path, "scheme": scheme, "sentences": n_done,
+                "skipped_too_long": n_skipped}
+        if inputs:
+            info["inputs"] = inputs
+        results.append((label, scheme, rec, info))
 
     rows = [row for label, _, rec, info in results for row in summary_rows(label, info["checkpoint"], rec)]
     print(format_table(rows))

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Plot the learned HNAS weights u per encoder layer (the paper's Figures 3-5).
+"""Plot the learned HNAS weights u per encoder layer (the paper's Figures 3-5,
+and Figure 4 for a pretrained masked-LM encoder).
 
 HNAS attention is pi = u * pi_DNAS + (1 - u) * pi_UNAS (Eq. 12), with one
 trainable u per encoder layer and head. This draws, for each checkpoint, the
@@ -8,15 +9,19 @@ mean of u over the heads of every layer (a line) with the spread over heads
 checkpoints of one run (checkpoint1.pt, checkpoint2.pt, ...) to see u move
 during training, or the checkpoints of several models to compare them.
 
-Only the checkpoint files are read (no data folder needed).
+Works on transformer_hnas (translation, summarization) and roberta_hnas
+(masked_lm pretraining or sentence_prediction fine-tuning) checkpoints. Only
+the checkpoint files are read (no data folder needed).
 
-Example:
+Examples:
     python scripts/plot_hybrid_weights.py $(ls -v checkpoints/hnas/checkpoint[0-9]*.pt) \\
         --out hybrid_weights.png --csv hybrid_weights.csv
+    python scripts/plot_hybrid_weights.py checkpoints/masked_lm/roberta_hnas-small-seed1/checkpoint_last.pt \\
+        --labels "HNAS encoder after pretraining" --out figure4.png --csv figure4.csv
 
 Exit status: 0 on success; 1 when a checkpoint is missing, unreadable
-(truncated, corrupt) or has no hybrid weights (e.g. a plain transformer or a
-DNAS model), with one line naming it; 2 for bad arguments.
+(truncated, corrupt) or has no hybrid weights (e.g. a plain transformer or
+roberta, or a DNAS model), with one line naming it; 2 for bad arguments.
 """
 
 import argparse
@@ -29,7 +34,8 @@ from fairseq_dnas.file_checks import BadFile
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="fairseq checkpoint files of HNAS models")
+    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                        help="fairseq checkpoint files of HNAS models (transformer_hnas or roberta_hnas)")
     parser.add_argument("--out", required=True, metavar="FILE.png", help="picture to write")
     parser.add_argument("--labels", nargs="+", metavar="LABEL",
                         help="legend label per checkpoint (default: folder/file (update N))")

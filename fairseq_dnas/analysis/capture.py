@@ -48,10 +48,25 @@ class Site:
         return None if u is None else [float(x) for x in u.detach().cpu()]
 
 
+def encoder_stack(model):
+    """The module that holds the encoder layers and the padding index:
+    ``model.encoder`` of an encoder-decoder Transformer, the
+    ``TransformerEncoder`` inside the ``RobertaEncoder`` of a ``roberta`` /
+    ``roberta_dnas`` model (``model.encoder.sentence_encoder``)."""
+    return getattr(model.encoder, "sentence_encoder", model.encoder)
+
+
+def is_encoder_only(model) -> bool:
+    """True for a model without a decoder (RoBERTa: masked LM or sentence
+    classification)."""
+    return getattr(model, "decoder", None) is None
+
+
 def attention_sites(model, decoder: bool = True) -> List[Site]:
-    """Every attention module of a fairseq encoder-decoder Transformer, bottom up."""
+    """Every attention module of a fairseq encoder-decoder Transformer, or of
+    an encoder-only RoBERTa, bottom up."""
     sites = []
-    for layer, block in enumerate(model.encoder.layers):
+    for layer, block in enumerate(encoder_stack(model).layers):
         m = block.self_attn
         sites.append(Site("encoder_self", layer, m, getattr(m, "scheme", "unas")))
     if decoder and getattr(model, "decoder", None) is not None:

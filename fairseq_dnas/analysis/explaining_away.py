@@ -1,8 +1,11 @@
 """Run a model over a binarized split and collect sum_i pi_ij for every
 attention module (Definition 1, Theorem 2, Figure 1 of the paper).
 
-The model runs as in training, with teacher forcing (the reference target is
-the decoder input), in eval mode (no dropout). Three kinds of attention:
+An encoder-decoder model runs as in training, with teacher forcing (the
+reference target is the decoder input), in eval mode (no dropout). An
+encoder-only RoBERTa model (``roberta``, ``roberta_dnas``) reads each
+sentence of the split as ``<s> sentence </s>``, unmasked (``EncoderInputs``),
+and has encoder self-attention only. Three kinds of attention:
 
 - encoder self-attention: UNAS, DNAS or HNAS, whatever the model uses; the
   sum runs over the real source positions (padding excluded);
@@ -19,7 +22,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from fairseq_dnas.analysis.capture import Site, attention_sites, call_kwargs, check_same_output, head_probs
+from fairseq_dnas.analysis.capture import (
+    Site,
+    attention_sites,
+    call_kwargs,
+    check_same_output,
+    encoder_stack,
+    head_probs,
+    is_encoder_only,
+)
 from fairseq_dnas.analysis.column_sums import EPSILON, ColumnStats, column_sums
 
 # An HNAS module is reported as the mixture the model uses and, apart, as its
@@ -45,7 +56,7 @@ class ColumnSumRecorder:
         self._handles = []
 
     def __enter__(self):
-        enc, dec = self.model.encoder, getattr(self.model, "decoder", None)
+        enc, dec = encoder_stack(self.model), getattr(self.model, "decoder", None)
         # Padding masks of the whole batch, from the token ids themselves.
         self._handles.append(enc.register_forward_pre_hook(self._pad_hook("src", enc.padding_idx), with_kwargs=True))
         if dec is not None:
@@ -95,28 +106,124 @@ class ColumnSumRecorder:
         self.stats[key].add(*column_sums(probs, query_pad, key_pad))
 
 
+def _refuse_empty(folder: str, subset: str) -> None:
+    """fairseq cannot even open an empty binarized split (mmap of 0 bytes)."""
+    files = os.listdir(folder) if os.path.isdir(folder) else []
+    bins = [f for f in files if f.startswith(subset + ".") and f.endswith(".bin")]
+    if bins and all(os.path.getsize(os.path.join(folder, f)) == 0 for f in bins):
+        raise _empty(subset, folder)
+
+
+def _empty(subset: str, folder: str) -> SplitError:
+    return SplitError(f"split '{subset}' in {folder} is empty (0 sentences); choose another with --subset")
+
+
+def _splits_found(folder: str) -> str:
+    files = os.listdir(folder) if os.path.isdir(folder) else []
+    return ", ".join(sorted({f.split(".")[0] for f in files if f.endswith(".idx")})) or "none"
+
+
 def load_split(task, subset: str, data: str):
     """Load ``subset`` of the binarized folder ``data``; SplitError if it is
-    missing or empty."""
-    files = os.listdir(data) if os.path.isdir(data) else []
-    bins = [f for f in files if f.startswith(subset + ".") and f.endswith(".bin")]
-    empty = SplitError(f"split '{subset}' in {data} is empty (0 sentences); choose another with --subset")
-    # fairseq cannot even open an empty binarized split (mmap of 0 bytes).
-    if bins and all(os.path.getsize(os.path.join(data, f)) == 0 for f in bins):
-        raise empty
+    missing or empty. For an encoder-only task (masked_lm, sentence_prediction)
+    the sentences as RoBERTa reads them (``EncoderInputs``)."""
+    folder = sentence_folder(task)
+    if folder is not None:
+        return load_encoder_inputs(task, subset, folder)
+    _refuse_empty(data, subset)
     try:
         task.load_dataset(subset, combine=False, epoch=1)
     except FileNotFoundError:
-        found = sorted({f.split(".")[0] for f in files if f.endswith(".idx")})
         raise SplitError(
             f"split '{subset}' not found in {data} (fairseq-preprocess writes "
             f"{subset}.<src>-<tgt>.<lang>.bin/.idx there); splits found: "
-            f"{', '.join(found) or 'none'}. Choose one with --subset."
+            f"{_splits_found(data)}. Choose one with --subset."
         ) from None
     dataset = task.dataset(subset)
     if len(dataset) == 0:
-        raise empty
+        raise _empty(subset, data)
     return dataset
+
+
+# --- encoder-only models (RoBERTa) ---------------------------------------------
+
+
+def sentence_folder(task) -> Optional[str]:
+    """Where an encoder-only task keeps its binarized sentences: the data
+    folder of ``masked_lm``, ``input0/`` of ``sentence_prediction``; None for
+    any other task (translation)."""
+    from fairseq import utils
+    from fairseq.tasks.masked_lm import MaskedLMTask
+    from fairseq.tasks.sentence_prediction import SentencePredictionTask
+
+    if isinstance(task, MaskedLMTask):
+        return utils.split_paths(task.cfg.data)[0]
+    if isinstance(task, SentencePredictionTask):
+        return os.path.join(utils.split_paths(task.cfg.data)[0], "input0")
+    return None
+
+
+class EncoderInputs:
+    """The sentences of a binarized ``--only-source`` split as RoBERTa reads
+    them, unmasked: ``<s> sentence </s>`` (fairseq-preprocess ends every line
+    with ``</s>``; ``<s>`` is prepended as ``masked_lm`` does, or
+    ``sentence_prediction`` with ``--init-token 0``), one line of the text per
+    input, padded on the right. ``src_sizes`` count ``<s>`` and ``</s>``, so
+    they compare with the model's maximum positions. ``init_token`` None:
+    nothing before the sentence (a sentence_prediction model fine-tuned
+    without --init-token)."""
+
+    def __init__(self, sentences, dictionary, folder: str = "", init_token: Optional[int] = None):
+        from fairseq.data import PrependTokenDataset
+
+        self.folder = folder
+        self.pad = dictionary.pad()
+        self.init_token = init_token
+        first = "" if init_token is None else dictionary[init_token] + " "
+        self.shape = f"{first}sentence {dictionary[dictionary.eos()]}"  # e.g. '<s> sentence </s>'
+        self.tokens = PrependTokenDataset(sentences, self.init_token)
+        self.src_sizes = self.tokens.sizes
+        self.tgt_sizes = None
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, index):
+        return self.tokens[index]
+
+    def collater(self, samples):
+        from fairseq.data import data_utils
+
+        tokens = data_utils.collate_tokens(samples, self.pad, left_pad=False)
+        return {"net_input": {"src_tokens": tokens, "src_lengths": tokens.ne(self.pad).sum(1)}}
+
+
+def load_encoder_inputs(task, subset: str, folder: str) -> EncoderInputs:
+    """``folder/subset`` read with the task's dictionary; SplitError if missing or empty."""
+    from fairseq.data import data_utils
+
+    _refuse_empty(folder, subset)
+    sentences = data_utils.load_indexed_dataset(os.path.join(folder, subset), task.source_dictionary,
+                                                combine=False)
+    if sentences is None:
+        raise SplitError(
+            f"split '{subset}' not found in {folder} (fairseq-preprocess --only-source writes "
+            f"{subset}.bin/.idx there); splits found: {_splits_found(folder)}. Choose one with --subset."
+        )
+    if len(sentences) == 0:
+        raise _empty(subset, folder)
+    return EncoderInputs(sentences, task.source_dictionary, folder, init_token(task))
+
+
+def init_token(task) -> Optional[int]:
+    """The token put before each sentence: <s> for masked_lm; for
+    sentence_prediction its --init-token (the recipes give 0, <s>), or None
+    (nothing) when the model was fine-tuned without one."""
+    from fairseq.tasks.sentence_prediction import SentencePredictionTask
+
+    if isinstance(task, SentencePredictionTask):
+        return task.cfg.init_token
+    return task.source_dictionary.bos()
 
 
 def batches(dataset, max_positions, batch_size: int, max_sentences: Optional[int]):
@@ -162,7 +269,9 @@ def run_split(model, dataset, *, batch_size: int = 64, max_sentences: Optional[i
             sample = dataset.collater([dataset[i] for i in idx])
             sample = utils.move_to_cuda(sample, device=device) if device.type == "cuda" else sample
             net_input = sample["net_input"]
-            if decoder:
+            if is_encoder_only(model):  # RoBERTa: the encoder's features, no LM or classification head
+                model(net_input["src_tokens"], features_only=True)
+            elif decoder:
                 model(**net_input)  # teacher forcing: prev_output_tokens = shifted reference
             else:
                 model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])

@@ -11,8 +11,11 @@ from typing import List, Optional
 
 import torch
 
-# encoder.layers.<l>.self_attn.hybrid_logit, as DNASMultiheadAttention names it.
-_HYBRID_KEY = re.compile(r"^encoder\.layers\.(\d+)\.self_attn\.hybrid_logit$")
+# encoder.layers.<l>.self_attn.hybrid_logit, as DNASMultiheadAttention names it
+# (transformer_hnas); roberta_hnas keeps the same encoder inside its
+# RobertaEncoder: encoder.sentence_encoder.layers.<l>.self_attn.hybrid_logit.
+_HYBRID_KEY = re.compile(r"^encoder\.(?:sentence_encoder\.)?layers\.(\d+)\.self_attn\.hybrid_logit$")
+_ROBERTA_KEY = "encoder.sentence_encoder."
 
 
 class NoHybridWeights(ValueError):
@@ -60,12 +63,13 @@ def _get(obj, name, default=None):
 
 
 def read_hybrid_weights(path: str) -> HybridWeights:
-    """u per encoder layer and head of an HNAS checkpoint.
+    """u per encoder layer and head of an HNAS checkpoint (``transformer_hnas``
+    or ``roberta_hnas``, of any task).
 
     Raises FileNotFoundError for a missing file, ``file_checks.BadFile`` for a
     truncated or corrupt one, and NoHybridWeights for any checkpoint without
-    HNAS weights (a plain ``transformer``, a DNAS or UNAS
-    ``transformer_dnas``).
+    HNAS weights (a plain ``transformer`` or ``roberta``, a DNAS or UNAS
+    ``transformer_dnas`` / ``roberta_dnas``).
     """
     import fairseq_dnas  # noqa: F401  (lets fairseq load checkpoints under torch >= 2.6)
     from fairseq import checkpoint_utils
@@ -84,9 +88,11 @@ def read_hybrid_weights(path: str) -> HybridWeights:
             logits[int(match.group(1))] = value
     if not logits:
         scheme = _get(model_cfg, "encoder_attention_scheme", "unas")
+        roberta = any(key.startswith(_ROBERTA_KEY) for key in state["model"])
+        hnas = "roberta_hnas (or a roberta_hnas_* preset, or" if roberta else "transformer_hnas (or"
         raise NoHybridWeights(
             f"{path}: no hybrid weights (arch {arch}, encoder scheme {scheme}). Only "
-            "HNAS models have them: train with --arch transformer_hnas (or "
+            f"HNAS models have them: train with --arch {hnas} "
             "--encoder-attention-scheme hnas)."
         )
     if sorted(logits) != list(range(len(logits))):
