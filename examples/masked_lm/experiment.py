@@ -40,7 +40,14 @@ def recipe_command(script, env):
 
 
 def train_in_process(argv, log):
+    from fairseq import checkpoint_utils
     from fairseq_cli.train import cli_main
+
+    # fairseq keeps the best validation score of a process on a function
+    # attribute; a fresh run must not inherit the previous run's (it would
+    # decide checkpoint_best.pt and print best_* from another task).
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):
+        del checkpoint_utils.save_checkpoint.best
 
     sys.argv = ["fairseq-train", *argv]
     t0 = time.time()
@@ -179,6 +186,7 @@ def main():
     p.add_argument("--pretrain-updates", type=int, default=1200)
     p.add_argument("--pretrain-batch", type=int, default=32)
     p.add_argument("--pretrain-lr", default="1e-3")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="fine-tuning tasks to run")
     p.add_argument("--finetune-seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--finetune-updates", type=int, default=300)
     p.add_argument("--finetune-lr", default="1e-4")
@@ -233,7 +241,7 @@ def train_all(args, results, results_path, torch):
                 "updates": args.pretrain_updates, "batch": args.pretrain_batch, "seconds": round(seconds, 1),
                 "valid_loss_bits": val_loss, "valid_ppl": 2 ** val_loss, "checkpoint": os.path.join(save, "checkpoint_last.pt")})
 
-    for task in TASKS:
+    for task in args.tasks:
         for arch in ARCHS:
             pretrained = os.path.join(args.out, f"pretrain-{arch}-seed{args.pretrain_seed}", "checkpoint_last.pt")
             for seed in args.finetune_seeds:
