@@ -99,7 +99,7 @@ def update(model, criterion, sample):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="small", choices=("small", "base", "large"),
-                   help="the roberta*_SIZE presets (small: 4 layers, 256 wide, the recipe's CPU size)")
+                   help="the roberta*_SIZE presets (small: 4 layers, 128 wide, the recipe's CPU size)")
     p.add_argument("--batch", type=int, default=32, help="blocks per update (the recipe: 32)")
     p.add_argument("--length", type=int, default=128, help="tokens per block (the recipe: 128)")
     p.add_argument("--vocab", type=int, default=8000, help="dictionary size (the recipe: 8,000 pieces)")
