@@ -58,6 +58,11 @@ def _register_with_fairseq(defer_inside_plugin: bool = True) -> None:
 
     exact_resume.install()
 
+    from fairseq_dnas import file_checks
+
+    if file_checks.fairseq_command():  # fairseq-train/-generate/... --user-dir fairseq_dnas
+        file_checks.install_for_command_line()  # bad files: one line, not a traceback
+
     from fairseq_dnas import models  # noqa: F401  (registers the architectures)
     from fairseq_dnas import tasks  # noqa: F401  (registers translation_rouge)
 
