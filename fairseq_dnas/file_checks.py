@@ -27,8 +27,6 @@ import struct
 import sys
 import zipfile
 
-from fairseq_dnas.checkpoint_compat import TRUST_ENV
-
 MMAP_MAGIC = b"MMIDIDX\x00\x00"  # fairseq's MMapIndexedDataset index header
 
 
@@ -56,6 +54,10 @@ def read_checkpoint(load, path, *args, **kwargs):
         state = load(path, *args, **kwargs)
     except pickle.UnpicklingError as err:
         if "fairseq-dnas refused" in str(err):  # checkpoint_compat's weights-only refusal
+            # (imported here: checkpoint_compat registers the plugin with fairseq,
+            # which imports this module; a module-level import would be circular)
+            from fairseq_dnas.checkpoint_compat import TRUST_ENV
+
             raise BadFile(path, "refused to unpickle: it holds a type fairseq never writes into a "
                                 "checkpoint (corrupt, or not a fairseq checkpoint); set "
                                 f"{TRUST_ENV}=1 only if you trust the file") from None
