@@ -5,7 +5,8 @@
 drop-in ``torch.nn.MultiheadAttention``) need torch only, and importing them
 does not import fairseq. The fairseq side (``transformer_dnas``,
 ``transformer_hnas`` and their presets, the ``translation_rouge`` task, and
-loading fairseq checkpoints under torch >= 2.6) is registered as soon as
+loading fairseq checkpoints under torch >= 2.6, a resume that sees the same
+batches as the run left alone) is registered as soon as
 fairseq is imported: at once when it already is (``--user-dir fairseq_dnas``),
 else right after a later ``import fairseq``.
 """
@@ -52,6 +53,15 @@ def _register_with_fairseq(defer_inside_plugin: bool = True) -> None:
     from fairseq_dnas import numpy_compat
 
     numpy_compat.install()
+
+    from fairseq_dnas import exact_resume
+
+    exact_resume.install()
+
+    from fairseq_dnas import file_checks
+
+    if file_checks.fairseq_command():  # fairseq-train/-generate/... --user-dir fairseq_dnas
+        file_checks.install_for_command_line()  # bad files: one line, not a traceback
 
     from fairseq_dnas import models  # noqa: F401  (registers the architectures)
     from fairseq_dnas import tasks  # noqa: F401  (registers translation_rouge)

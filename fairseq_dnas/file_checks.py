@@ -8,14 +8,24 @@ each problem is raised as ``BadFile("<path>: <what is wrong>")``;
 ``scripts/run_fairseq.py`` (what the Gigaword recipe runs) and the analysis
 scripts print that one line and exit with status 1. Nothing changes for a
 good file.
+
+fairseq's own commands (``fairseq-train``, ``fairseq-generate``,
+``fairseq-interactive``, ``fairseq-validate``, also as ``python -m
+fairseq_cli.<command>``) import the plugin with ``--user-dir fairseq_dnas``
+before they read any checkpoint or data file; the plugin then calls
+``install_for_command_line()``: the same checks, and a ``sys.excepthook``
+that prints an uncaught ``BadFile`` as its one line ``error: <path>: <what is
+wrong>`` (exit status 1, as for any uncaught exception) and hands every other
+exception to the previous hook, so fairseq's own output for anything else is
+unchanged. In Python (``import fairseq_dnas`` in a notebook or a script of
+your own) nothing is installed: fairseq raises its own exceptions there.
 """
 
 import os
 import pickle
 import struct
+import sys
 import zipfile
-
-from fairseq_dnas.checkpoint_compat import TRUST_ENV
 
 MMAP_MAGIC = b"MMIDIDX\x00\x00"  # fairseq's MMapIndexedDataset index header
 
@@ -44,6 +54,10 @@ def read_checkpoint(load, path, *args, **kwargs):
         state = load(path, *args, **kwargs)
     except pickle.UnpicklingError as err:
         if "fairseq-dnas refused" in str(err):  # checkpoint_compat's weights-only refusal
+            # (imported here: checkpoint_compat registers the plugin with fairseq,
+            # which imports this module; a module-level import would be circular)
+            from fairseq_dnas.checkpoint_compat import TRUST_ENV
+
             raise BadFile(path, "refused to unpickle: it holds a type fairseq never writes into a "
                                 "checkpoint (corrupt, or not a fairseq checkpoint); set "
                                 f"{TRUST_ENV}=1 only if you trust the file") from None
@@ -175,3 +189,44 @@ def install() -> None:
         return read_dictionary(lambda path: load_dictionary(cls, path), f)
 
     Dictionary.load = classmethod(load)
+
+
+# fairseq's command-line tools that get the one-line errors (console script
+# fairseq-<name>, or python -m fairseq_cli.<name>).
+COMMANDS = ("train", "generate", "interactive", "validate")
+
+
+def fairseq_command():
+    """The fairseq command this process runs (one of COMMANDS), else None."""
+    main = sys.modules.get("__main__")
+    module = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if module.startswith("fairseq_cli."):  # python -m fairseq_cli.train
+        name = module[len("fairseq_cli."):]
+    else:  # the console script (a wrapper that imports fairseq_cli.<name>)
+        program = os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0]
+        name = program[len("fairseq-"):] if program.startswith("fairseq-") else None
+    return name if name in COMMANDS else None
+
+
+def error_line(err: BadFile) -> str:
+    """What a command prints for a bad file (and the recipes grep for)."""
+    return f"error: {err}"
+
+
+def _excepthook_with_bad_files(previous):
+    def excepthook(exc_type, exc, tb):
+        if isinstance(exc, BadFile):
+            print(error_line(exc), file=sys.stderr, flush=True)
+            return  # the interpreter then exits with status 1, as after any uncaught exception
+        previous(exc_type, exc, tb)
+
+    excepthook.dnas_bad_files = True
+    return excepthook
+
+
+def install_for_command_line() -> None:
+    """``install()``, and an uncaught BadFile printed as its one line instead
+    of a traceback (idempotent; other exceptions reach the previous hook)."""
+    install()
+    if not getattr(sys.excepthook, "dnas_bad_files", False):
+        sys.excepthook = _excepthook_with_bad_files(sys.excepthook)

@@ -4,12 +4,14 @@
     python scripts/run_fairseq.py train DATA-BIN --user-dir fairseq_dnas ...
     python scripts/run_fairseq.py generate DATA-BIN --path checkpoint_best.pt ...
 
-Exactly fairseq's own ``fairseq-train`` / ``fairseq-generate`` (the same
-arguments), except that a truncated or corrupt checkpoint, a checkpoint of
-another architecture, or an empty or truncated data file ends the run with
-``error: <file>: <what is wrong>`` and exit status 1 instead of a traceback
-(``fairseq_dnas/file_checks.py``). The Gigaword recipe runs fairseq through
-this script, also under torchrun.
+Exactly fairseq's own ``fairseq-train`` / ``fairseq-generate`` with
+``--user-dir fairseq_dnas`` (the same arguments, the same one-line errors:
+``fairseq_dnas/file_checks.py``): a truncated or corrupt checkpoint, a
+checkpoint of another architecture, or an empty or truncated data file ends
+the run with ``error: <file>: <what is wrong>`` and exit status 1 instead of a
+traceback. Here the plugin is imported (and its checks installed) even when
+the command line has no ``--user-dir``. The Gigaword recipe runs fairseq
+through this script, also under torchrun.
 """
 
 import sys
@@ -23,10 +25,10 @@ def main() -> int:
         return 2
     tool = sys.argv.pop(1)
     sys.argv[0] = f"fairseq-{tool}"
-    import fairseq_dnas  # noqa: F401  (checkpoint loading under torch >= 2.6, atomic copies)
+    import fairseq_dnas  # noqa: F401  (checkpoint loading under torch >= 2.6, atomic copies, exact resume)
     from fairseq_dnas import file_checks
 
-    file_checks.install()
+    file_checks.install_for_command_line()  # what --user-dir fairseq_dnas does in fairseq-train itself
     if tool == "train":
         from fairseq_cli.train import cli_main
     else:
@@ -34,7 +36,7 @@ def main() -> int:
     try:
         cli_main()
     except file_checks.BadFile as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(file_checks.error_line(err), file=sys.stderr)
         return 1
     return 0
 

@@ -1,10 +1,15 @@
-"""Interrupted training resumes exactly (issue 11, part 1).
+"""Interrupted training resumes exactly (issue 11, part 1; issue 19, part 1).
 
 examples/gigaword/train.sh on a tiny CPU model, killed with SIGKILL in the
 middle of an epoch after a checkpoint_last.pt exists, then restarted with the
 same command, must end with the same parameters (HNAS weights included) as the
-same run left alone: bitwise. And a kill while checkpoint_last.pt is being
-written must leave the previous checkpoint_last.pt loadable.
+same run left alone: bitwise. So must a run stopped at a smaller MAX_UPDATE
+and continued with the larger one, through train.sh and through plain
+``fairseq-train --user-dir fairseq_dnas``: a restart inside epoch 2 or later
+used to see other batches than the run left alone (fairseq rebuilt them with
+the seed of the epoch it resumed in; fairseq_dnas/exact_resume.py). And a kill
+while checkpoint_last.pt is being written must leave the previous
+checkpoint_last.pt loadable.
 """
 
 import os
@@ -17,12 +22,12 @@ import pytest
 import torch
 from recipe_data import make_binarized
 
-from helpers import ROOT
+from helpers import BIN, ROOT
 
 TRAIN = os.path.join(ROOT, "examples", "gigaword", "train.sh")
 # 320 training pairs / 16 per update = 20 updates an epoch; checkpoints at
 # updates 8, 16, 24 and at the end (30): the run crosses an epoch boundary,
-# and the kill lands between checkpoints, inside epoch 1.
+# and the kill lands between checkpoints.
 SETTINGS = {"SIZE": "tiny", "DEVICE": "cpu", "NPROC": "1", "CPU_THREADS": "1", "SEED": "3",
             "BATCH_SENTENCES": "16", "MAX_SENTENCES_PER_PROC": "16", "MAX_UPDATE": "30",
             "LR": "1e-3", "WARMUP_UPDATES": "4", "VALIDATE_INTERVAL_UPDATES": "8",
@@ -66,13 +71,28 @@ def killer(tmp_path_factory):
     return str(plugin)
 
 
-def _train(data, killer, arch, save_dir, kill_at=None):
+def _train(data, killer, arch, save_dir, kill_at=None, env=None):
     env = {**os.environ, **SETTINGS, "DATA": data, "ARCH": arch, "SAVE_DIR": str(save_dir),
-           "USER_DIR": killer, "KILL_MARKER": "", "KILL_AT": str(kill_at)}
+           "USER_DIR": killer, "KILL_MARKER": "", "KILL_AT": str(kill_at), **(env or {})}
     if kill_at is not None:
         env["KILL_MARKER"] = str(save_dir) + ".killed"
     cmd = ["bash", TRAIN, *SMALL, "--task", "translation_rouge_killed_once"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def alone(data, killer, tmp_path_factory):
+    """train.sh left alone for MAX_UPDATE updates, once per architecture:
+    arch -> (the finished process, its SAVE_DIR)."""
+    runs = {}
+
+    def run(arch):
+        if arch not in runs:
+            save_dir = tmp_path_factory.mktemp(f"alone_{arch}")
+            runs[arch] = (_train(data, killer, arch, save_dir), save_dir)
+        return runs[arch]
+
+    return run
 
 
 def _state(path):
@@ -82,40 +102,16 @@ def _state(path):
     return checkpoint_utils.load_checkpoint_to_cpu(str(path))
 
 
-# DNAS: killed inside epoch 1 (checkpoint at 8); HNAS: inside epoch 2
-# (checkpoint at 16, the data iterator restarts mid-epoch 2).
-@pytest.mark.parametrize("arch,kill_at", [("transformer_dnas", 12), ("transformer_hnas", 21)])
-def test_killed_run_resumes_to_the_same_parameters_bitwise(data, killer, tmp_path, arch, kill_at):
-    alone = _train(data, killer, arch, tmp_path / "alone")
-    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-4000:]
-    # The console (not a terminal here) shows the progress, a line every 5%
-    # (LOG_INTERVAL=1: each of the 30 updates is a 3.3% step), and the
-    # validations; fairseq's whole log is in train.log only.
-    progress = [line for line in alone.stderr.splitlines() if line.startswith("[train] update ")]
-    assert 15 <= len(progress) <= 30 and progress[-1].startswith("[train] update 30/30 (100%) loss "), \
-        alone.stderr[-3000:]
-    assert "[train] validation at update 8: loss " in alone.stderr
-    assert "train_inner" not in alone.stdout + alone.stderr
-    assert "num_updates=30" in (tmp_path / "alone" / "train.log").read_text()
-
-    killed = _train(data, killer, arch, tmp_path / "killed", kill_at)
-    assert killed.returncode != 0 and os.path.exists(str(tmp_path / "killed") + ".killed")
-    saved_at = _state(tmp_path / "killed" / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"]
-    assert saved_at == kill_at // 8 * 8, saved_at  # the last checkpoint before the kill
-    resumed = _train(data, killer, arch, tmp_path / "killed", kill_at)  # the same command again
-    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
-    assert f"checkpoint_last.pt ({saved_at} of {SETTINGS['MAX_UPDATE']} updates)" in resumed.stderr
-
-    a = _state(tmp_path / "alone" / "checkpoint_last.pt")
-    b = _state(tmp_path / "killed" / "checkpoint_last.pt")
-    for state in (a, b):
-        assert state["optimizer_history"][-1]["num_updates"] == int(SETTINGS["MAX_UPDATE"])
+def _assert_same_training_state(alone_dir, other_dir, label):
+    """checkpoint_last.pt of both runs: the same parameters, Adam moments and
+    learning-rate schedule state, bitwise. Returns the largest parameter difference."""
+    a = _state(alone_dir / "checkpoint_last.pt")
+    b = _state(other_dir / "checkpoint_last.pt")
+    assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"]
     assert a["model"].keys() == b["model"].keys()
-    hybrid = [name for name in a["model"] if "hybrid" in name]
-    assert bool(hybrid) == (arch == "transformer_hnas"), hybrid
     largest = max((a["model"][n].double() - b["model"][n].double()).abs().max().item() for n in a["model"])
-    print(f"\n{arch}: killed after {kill_at} updates (checkpoint_last.pt at {saved_at}), resumed to "
-          f"{SETTINGS['MAX_UPDATE']}: {len(a['model'])} tensors ({len(hybrid)} hybrid-weight tensors), "
+    hybrid = [name for name in a["model"] if "hybrid" in name]
+    print(f"\n{label}: {len(a['model'])} tensors ({len(hybrid)} hybrid-weight tensors), "
           f"largest difference to the uninterrupted run {largest:.3g}")
     different = [n for n in a["model"] if not torch.equal(a["model"][n], b["model"][n])]
     assert not different, f"{len(different)} tensors differ (largest {largest:.3g}): {different[:5]}"
@@ -126,6 +122,142 @@ def test_killed_run_resumes_to_the_same_parameters_bitwise(data, killer, tmp_pat
         for name, value in moments.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(opt_b[key][name])), (key, name)
     assert a["optimizer_history"][-1]["lr_scheduler_state"] == b["optimizer_history"][-1]["lr_scheduler_state"]
+    return largest
+
+
+# DNAS: killed inside epoch 1 (checkpoint at 8); HNAS: inside epoch 2
+# (checkpoint at 24, 4 updates into epoch 2: the restart rebuilds the data
+# iterator of epoch 2, which took exact_resume to match the run left alone).
+@pytest.mark.parametrize("arch,kill_at", [("transformer_dnas", 12), ("transformer_hnas", 28)])
+def test_killed_run_resumes_to_the_same_parameters_bitwise(alone, data, killer, tmp_path, arch, kill_at):
+    proc, alone_dir = alone(arch)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    # The console (not a terminal here) shows the progress, a line every 5%
+    # (LOG_INTERVAL=1: each of the 30 updates is a 3.3% step), and the
+    # validations; fairseq's whole log is in train.log only.
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[train] update ")]
+    assert 15 <= len(progress) <= 30 and progress[-1].startswith("[train] update 30/30 (100%) loss "), \
+        proc.stderr[-3000:]
+    assert "[train] validation at update 8: loss " in proc.stderr
+    assert "train_inner" not in proc.stdout + proc.stderr
+    assert "num_updates=30" in (alone_dir / "train.log").read_text()
+
+    killed = _train(data, killer, arch, tmp_path / "killed", kill_at)
+    assert killed.returncode != 0 and os.path.exists(str(tmp_path / "killed") + ".killed")
+    saved = _state(tmp_path / "killed" / "checkpoint_last.pt")
+    saved_at = saved["optimizer_history"][-1]["num_updates"]
+    assert saved_at == kill_at // 8 * 8, saved_at  # the last checkpoint before the kill
+    assert saved["extra_state"]["train_iterator"]["epoch"] == (1 if kill_at < 20 else 2)
+    resumed = _train(data, killer, arch, tmp_path / "killed", kill_at)  # the same command again
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    assert f"checkpoint_last.pt ({saved_at} of {SETTINGS['MAX_UPDATE']} updates)" in resumed.stderr
+    assert _state(tmp_path / "killed" / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 30
+    _assert_same_training_state(alone_dir, tmp_path / "killed",
+                                f"{arch}: killed after {kill_at} updates (checkpoint_last.pt at {saved_at}), "
+                                f"resumed to {SETTINGS['MAX_UPDATE']}")
+
+
+def test_stop_then_continue_with_a_larger_max_update_through_train_sh(alone, data, killer, tmp_path):
+    """MAX_UPDATE=22 (2 updates into epoch 2), then the same command with
+    MAX_UPDATE=30: the same as MAX_UPDATE=30 in one go (issue 19: 4e-3 apart before)."""
+    arch, save_dir = "transformer_dnas", tmp_path / "stopped"
+    proc, alone_dir = alone(arch)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    first = _train(data, killer, arch, save_dir, env={"MAX_UPDATE": "22"})
+    assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    assert _state(save_dir / "checkpoint_last.pt")["extra_state"]["train_iterator"] == \
+        {"version": 2, "epoch": 2, "iterations_in_epoch": 2, "shuffle": True}
+    again = _train(data, killer, arch, save_dir)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert "checkpoint_last.pt (22 of 30 updates)" in again.stderr
+    _assert_same_training_state(alone_dir, save_dir, f"{arch}: train.sh MAX_UPDATE=22, then 30")
+
+
+# ---------------------------------------------------- plain fairseq-train
+
+# What a user types (the README's first example), at the size of issue 19:
+# 200 pairs / 16 = 13 updates an epoch, a checkpoint every 7 updates, dropout on.
+def _plain_args(data_bin, arch, save_dir, max_update, dropout="0.2"):
+    return [data_bin, "--user-dir", os.path.join(ROOT, "fairseq_dnas"), "--task", "translation",
+            "--source-lang", "article", "--target-lang", "title", "--arch", arch, *SMALL[:-2],
+            "--dropout", dropout, "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", "4", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--batch-size", "16", "--save-interval-updates", "7", "--seed", "3", "--max-update", str(max_update),
+            "--save-dir", str(save_dir), "--cpu", "--log-format", "simple", "--log-interval", "1"]
+
+
+def _plain_train(data_bin, arch, save_dir, max_update, dropout="0.2", user_dir=None):
+    args = _plain_args(data_bin, arch, save_dir, max_update, dropout)
+    if user_dir:  # another plugin (it imports fairseq_dnas itself)
+        args[args.index("--user-dir") + 1] = user_dir
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The 200-pair data and the runs left alone for 30 updates, once per (arch, dropout)."""
+    root = tmp_path_factory.mktemp("plain")
+    data_bin = make_binarized(str(root / "data"), sizes=(("train", 200), ("valid", 30), ("test", 21)))
+    runs = {}
+
+    def left_alone(arch, dropout):
+        if (arch, dropout) not in runs:
+            runs[arch, dropout] = root / f"alone_{arch}_{dropout}"
+            _plain_train(data_bin, arch, runs[arch, dropout], 30, dropout)
+        return runs[arch, dropout]
+
+    return data_bin, left_alone
+
+
+# (arch, first --max-update, dropout): issue 19's cases. 17 and 14: inside
+# epoch 2; 26: the end of epoch 2 (the restart begins epoch 3).
+PLAIN_CASES = [
+    ("transformer_hnas", 17, "0.2"),
+    pytest.param("transformer", 17, "0.2", marks=pytest.mark.full),
+    pytest.param("transformer", 17, "0", marks=pytest.mark.full),
+    pytest.param("transformer_dnas", 14, "0.2", marks=pytest.mark.full),
+    pytest.param("transformer", 26, "0.2", marks=pytest.mark.full),
+]
+
+
+@pytest.mark.parametrize("arch,stop_at,dropout", PLAIN_CASES)
+def test_plain_fairseq_train_stop_then_continue_is_bitwise(plain, tmp_path, arch, stop_at, dropout):
+    data_bin, left_alone = plain
+    alone_dir = left_alone(arch, dropout)
+    _plain_train(data_bin, arch, tmp_path, stop_at, dropout)
+    again = _plain_train(data_bin, arch, tmp_path, 30, dropout)  # the same command, a larger --max-update
+    epoch = 2 if stop_at < 26 else 3  # 13 updates an epoch
+    assert f"checkpoint_last.pt (epoch {epoch} @ {stop_at} updates)" in again.stdout, again.stdout[-3000:]
+    _assert_same_training_state(alone_dir, tmp_path,
+                                f"{arch} dropout {dropout}: fairseq-train --max-update {stop_at}, then 30")
+
+
+# fairseq without exact_resume (a plugin that imports fairseq_dnas and puts
+# fairseq's get_train_iterator back): the restart in epoch 2 sees other
+# batches. Shows that the test above can fail, and gives the README's figure.
+WITHOUT_FIX = textwrap.dedent('''
+    import fairseq_dnas  # noqa: F401
+    from fairseq.trainer import Trainer
+    Trainer.get_train_iterator = Trainer.get_train_iterator.__wrapped__
+''')
+
+
+@pytest.mark.full
+def test_without_exact_resume_fairseq_resumes_with_other_batches(plain, tmp_path):
+    data_bin, left_alone = plain
+    alone_dir = left_alone("transformer", "0.2")
+    plugin = tmp_path / "without_exact_resume"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text(WITHOUT_FIX)
+    save_dir = tmp_path / "save"
+    _plain_train(data_bin, "transformer", save_dir, 17, user_dir=str(plugin))
+    _plain_train(data_bin, "transformer", save_dir, 30, user_dir=str(plugin))
+    with pytest.raises(AssertionError, match="tensors differ"):
+        _assert_same_training_state(alone_dir, save_dir, "transformer without exact_resume: 17, then 30")
 
 
 # Copies ``new`` over ``last`` with the PathManager that fairseq's
