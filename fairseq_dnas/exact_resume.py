@@ -22,6 +22,20 @@ which returns the cached epoch-1 iterator (or, for a task that rebuilds its
 batches every epoch, the batches of epoch ``k`` from the set loaded for epoch
 1, as the uninterrupted run has them). Sharded data (``data1:data2:...``)
 loads one shard per epoch in both runs and is left as it is.
+
+A second difference comes from the order in ``fairseq_cli/train.py``: at the
+end of epoch ``k`` it saves the checkpoint first and calls
+``trainer.lr_step(k, valid_loss)`` after, so a checkpoint written at an
+epoch's end holds the learning-rate scheduler as it was before that call.
+``Trainer.load_checkpoint`` then calls ``lr_step(k + 1)`` without a loss, so
+the resumed run never sees epoch ``k``'s validation loss: the scheduler's
+``best`` differs (measured: 4.795 instead of 4.553 after stopping at the end of
+epoch 2, parameters bitwise equal), and a scheduler that acts on validation
+(``reduce_lr_on_plateau``) would shrink the rate at another time.
+``install()`` makes that load call what the uninterrupted run called:
+``lr_step(k, val_loss)``, with the loss fairseq itself stores in the
+checkpoint (``extra_state["val_loss"]``). A checkpoint from inside an epoch
+keeps fairseq's call.
 """
 
 import logging
@@ -36,12 +50,27 @@ def _resumes_past_first_epoch(trainer, epoch, load_dataset) -> bool:
     return bool(load_dataset) and epoch > 1 and not trainer.task.has_sharded_data(trainer.cfg.dataset.train_subset)
 
 
+def lr_step_of_uninterrupted_run(extra_state, epoch):
+    """The ``(epoch, val_loss)`` that the uninterrupted run passed to
+    ``Trainer.lr_step`` at the point where ``load_checkpoint`` calls
+    ``lr_step(epoch)``. ``epoch`` is the checkpoint's iterator epoch: for a
+    checkpoint saved at the end of epoch k, fairseq stores epoch k + 1 with
+    0 iterations done (``EpochBatchIterator.state_dict``)."""
+    itr_state = (extra_state or {}).get("train_iterator") or {}
+    at_epoch_end = itr_state.get("version", 1) >= 2 and itr_state.get("iterations_in_epoch") == 0 and epoch > 1
+    if not at_epoch_end:
+        return epoch, None  # inside an epoch: fairseq's own call
+    return epoch - 1, extra_state.get("val_loss")  # fairseq_cli/train.py: lr_step(epoch, valid_losses[0])
+
+
 def install() -> None:
-    """Wrap ``fairseq.trainer.Trainer.get_train_iterator`` (idempotent)."""
+    """Wrap ``fairseq.trainer.Trainer.get_train_iterator`` and
+    ``Trainer.load_checkpoint`` (idempotent)."""
     from fairseq import trainer as trainer_module
 
     if getattr(trainer_module.Trainer.get_train_iterator, "_dnas_exact_resume", False):
         return
+    _install_lr_step_on_load(trainer_module.Trainer)
     get_train_iterator = trainer_module.Trainer.get_train_iterator
 
     def get_train_iterator_as_uninterrupted(self, epoch, combine=True, load_dataset=True, data_selector=None,
@@ -64,3 +93,41 @@ def install() -> None:
     get_train_iterator_as_uninterrupted.__wrapped__ = get_train_iterator
     get_train_iterator_as_uninterrupted.__doc__ = get_train_iterator.__doc__
     trainer_module.Trainer.get_train_iterator = get_train_iterator_as_uninterrupted
+
+
+def _install_lr_step_on_load(trainer_class) -> None:
+    """``load_checkpoint`` calls ``self.lr_step(epoch)`` once, after loading
+    the scheduler state and before the metrics; the wrapper holds that call
+    back and makes, once the checkpoint's ``extra_state`` is known, the call
+    of the uninterrupted run (``lr_step_of_uninterrupted_run``)."""
+    load_checkpoint, lr_step = trainer_class.load_checkpoint, trainer_class.lr_step
+
+    def lr_step_held_during_load(self, epoch, val_loss=None):
+        held = getattr(self, "_dnas_held_lr_steps", None)
+        if held is None:
+            return lr_step(self, epoch, val_loss)
+        held.append((epoch, val_loss))
+        return self.get_lr()
+
+    def load_checkpoint_as_uninterrupted(self, *args, **kwargs):
+        self._dnas_held_lr_steps = []
+        try:
+            extra_state = load_checkpoint(self, *args, **kwargs)
+        finally:
+            held, self._dnas_held_lr_steps = self._dnas_held_lr_steps, None
+        for epoch, val_loss in held:
+            if val_loss is None:
+                epoch, val_loss = lr_step_of_uninterrupted_run(extra_state, epoch)
+                if val_loss is not None:
+                    logger.info(f"resuming at the end of epoch {epoch}: learning-rate scheduler stepped with "
+                                f"its validation loss {val_loss:.4g}, like the run left alone "
+                                "(fairseq_dnas.exact_resume)")
+            lr_step(self, epoch, val_loss)
+        return extra_state
+
+    lr_step_held_during_load.__wrapped__ = lr_step
+    load_checkpoint_as_uninterrupted.__wrapped__ = load_checkpoint
+    load_checkpoint_as_uninterrupted.__doc__ = load_checkpoint.__doc__
+    lr_step_held_during_load.__doc__ = lr_step.__doc__
+    trainer_class.lr_step = lr_step_held_during_load
+    trainer_class.load_checkpoint = load_checkpoint_as_uninterrupted

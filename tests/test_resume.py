@@ -312,3 +312,50 @@ def test_kill_while_writing_checkpoint_last_keeps_the_previous_one(tmp_path, whi
     state = _state(last)  # the previous checkpoint, whole
     assert state["optimizer_history"][-1]["num_updates"] == 8
     assert torch.equal(state["model"]["w"], torch.arange(200_000, dtype=torch.float32) + 8)
+
+
+# ------------------------------------- learning-rate scheduler at an epoch end
+
+@pytest.mark.parametrize("itr_state,epoch,expected", [
+    # saved at the end of epoch 2: fairseq stores epoch 3, 0 iterations
+    ({"version": 2, "epoch": 3, "iterations_in_epoch": 0}, 3, (2, 4.553)),
+    # inside epoch 2: fairseq's own call, no loss
+    ({"version": 2, "epoch": 2, "iterations_in_epoch": 4}, 2, (2, None)),
+    # the start of training (epoch 1, nothing done): no epoch ended
+    ({"version": 2, "epoch": 1, "iterations_in_epoch": 0}, 1, (1, None)),
+    # version-1 iterator states cannot tell an epoch end apart
+    ({"version": 1, "epoch": 3, "iterations_in_epoch": 0}, 3, (3, None)),
+])
+def test_lr_step_after_load_is_the_uninterrupted_runs(itr_state, epoch, expected):
+    from fairseq_dnas.exact_resume import lr_step_of_uninterrupted_run
+    assert lr_step_of_uninterrupted_run({"train_iterator": itr_state, "val_loss": 4.553}, epoch) == expected
+
+
+def test_load_checkpoint_steps_the_scheduler_with_the_saved_validation_loss(tmp_path):
+    """In process, on fairseq's Trainer: the scheduler's best after loading an
+    epoch-end checkpoint includes that epoch's validation loss (fairseq alone
+    calls lr_step(epoch + 1) without it)."""
+    import fairseq_dnas  # noqa: F401  (installs exact_resume)
+    from fairseq.trainer import Trainer
+    assert getattr(Trainer.load_checkpoint, "__wrapped__", None) is not None
+    calls = []
+
+    class FakeTrainer:
+        def lr_step(self, epoch, val_loss=None):
+            calls.append((epoch, val_loss))
+            return 1e-3
+
+        def get_lr(self):
+            return 1e-3
+
+        def load_checkpoint(self, filename):
+            self.lr_step(3)  # what fairseq's load_checkpoint does
+            return {"train_iterator": {"version": 2, "epoch": 3, "iterations_in_epoch": 0}, "val_loss": 4.553}
+
+    from fairseq_dnas.exact_resume import _install_lr_step_on_load
+    _install_lr_step_on_load(FakeTrainer)
+    trainer = FakeTrainer()
+    assert trainer.load_checkpoint("x.pt")["val_loss"] == 4.553
+    assert calls == [(2, 4.553)]
+    trainer.lr_step(3, 4.0)  # outside a load: passed through
+    assert calls[-1] == (3, 4.0)
