@@ -242,14 +242,22 @@ def _set_le_u32_f16x2(a, b):
     return out
 
 
+def _setp_le_f16x2(a, b):
+    """setp.le.f16x2 p|q, a, b: p where a's low half <= b's as float16, q the same for the high halves."""
+    return tuple(_f16((a >> np.uint64(s)) & np.uint64(0xFFFF)) <= _f16((b >> np.uint64(s)) & np.uint64(0xFFFF))
+                 for s in (0, 16))
+
+
 def test_dropout_gpu_instructions_compute_the_interpreters_mask():
-    """_byte_pair's PRMT and _dropped's float16 comparisons, modelled from the
-    PTX ISA, give the interpreter's decisions: every (t, byte) pair compares as
-    the integers do (bytes are float16 subnormals), and on Philox words the
-    PRMT puts bytes 2e and 2e + 1 into the low and high half that _dropped
-    masks with, so the GPU keeps exactly what dropout_mask publishes. (Which
-    element of a packed pair is the low half is Triton's convention for
-    inline asm, not modelled here.)"""
+    """_byte_pair's PRMT and both instruction sequences of _dropped, modelled
+    from the PTX ISA, give the interpreter's decisions: every (t, byte) pair
+    compares as the integers do (bytes are float16 subnormals), and on Philox
+    words the PRMT puts bytes 2e and 2e + 1 into the low and high half that
+    _dropped masks with (AND for a float16/bfloat16 pair, a select per
+    float32 of a pair), so the GPU keeps exactly what dropout_mask publishes.
+    Element k of a packed pair is half k, as Triton packs an inline-asm
+    operand (element j + k into vector lane k, little-endian); under that
+    convention the float32 pair's first value ($2) must take p, the low half."""
     # the instructions the model follows, with its operand order: threshold first, bytes second
     assert triton_common.BYTE_PAIR_PTX.value == "prmt.b32 $0, $1, 0, $2;"
     assert "set.le.u32.f16x2 m, $3, $2; and.b32 $0, $1, m;" in triton_common.DROP_HALF_PAIR_PTX.value
@@ -260,16 +268,25 @@ def test_dropout_gpu_instructions_compute_the_interpreters_mask():
     mask = _set_le_u32_f16x2(t * np.uint64(0x10001), z | (z << np.uint64(16)))
     assert np.array_equal(mask == np.uint64(0xFFFFFFFF), z >= t)
     assert np.all((mask == 0) | (mask == np.uint64(0xFFFFFFFF)))
-    # setp.le.f16x2 is the same comparison with predicates: one selp per float32 of the pair
+    low, high = _setp_le_f16x2(t * np.uint64(0x10001), z | (z << np.uint64(16)))
+    assert np.array_equal(low, z >= t) and np.array_equal(high, z >= t)
     shape, seed, p = (1, 2, 21, 40), 77, 0.25
     word, e, b, byte = _documented_words_and_bytes(seed, shape)
     z = np.empty_like(word)
     for half in (0, 1):  # _byte_pair: prmt.b32 z, word, 0, BYTE_PAIR + 0x202 e
         z = np.where(e == half, _prmt(word, np.zeros_like(word), triton_common.BYTE_PAIR.value + 0x202 * half), z)
-    assert np.array_equal(((z >> (16 * b).astype(np.uint64)) & np.uint64(0xFFFF)).reshape(shape), byte)
+    half_b = (16 * b).astype(np.uint64)  # key b of a pair of neighbours: half b of z
+    assert np.array_equal(((z >> half_b) & np.uint64(0xFFFF)).reshape(shape), byte)
     t_pair = np.uint64(triton_flash.dropout_threshold(p) * 0x10001)
-    kept = (_set_le_u32_f16x2(t_pair, z) >> (16 * b).astype(np.uint64)) & np.uint64(0xFFFF) == np.uint64(0xFFFF)
-    assert torch.equal(torch.from_numpy(kept.reshape(shape)), triton_flash.dropout_mask(_seed(seed), shape, p).cpu())
+    expected = triton_flash.dropout_mask(_seed(seed), shape, p).cpu()
+    # float16/bfloat16 pair: and.b32 of the set.le.u32.f16x2 mask with two values (1.0 each here)
+    ones = np.uint64(0x3C00 * 0x10001)
+    kept = ((_set_le_u32_f16x2(t_pair, z) & ones) >> half_b) & np.uint64(0xFFFF) == np.uint64(0x3C00)
+    assert torch.equal(torch.from_numpy(kept.reshape(shape)), expected)
+    # float32 pair: setp.le.f16x2 p|q, then selp of the first value ($2) on p, the second ($3) on q
+    p_low, q_high = _setp_le_f16x2(t_pair, z)
+    kept = np.where(b == 0, p_low, q_high)
+    assert torch.equal(torch.from_numpy(kept.reshape(shape)), expected)
 
 
 @pytest.mark.parametrize("scheme", ["hnas", pytest.param("dnas", marks=pytest.mark.full)])

@@ -301,9 +301,14 @@ def _dropped(x, byte, t_pair):
     are compared with t as float16 (values below 256 are float16 subnormals,
     which order as the integers do) by one ``set.le.u32.f16x2``, whose 0xFFFF
     halves mask a pair of 16-bit values with one AND; a pair of float32 takes
-    the two predicates of ``setp.le.f16x2`` and two selects. The interpreter
-    runs the same comparison as integers (tests/test_triton_safety.py checks
-    the two against each other on a model of the instructions)."""
+    the two predicates of ``setp.le.f16x2`` and two selects. The two elements
+    are consecutive ones of the thread, and Triton packs element k of each
+    16-bit operand into half k of its register (lane k of a vector, little
+    endian), so each half of ``byte`` meets its own value of ``x``; a float32
+    pair is two registers, the first ($2) taking the low half's predicate p.
+    The interpreter runs the same comparison as integers
+    (tests/test_triton_safety.py checks the two against each other on a model
+    of the instructions)."""
     if IS_INTERPRETED:
         return tl.where(byte >= (t_pair & 0xFFFF), x, 0.0).to(x.dtype)
     elif x.dtype.primitive_bitwidth == 16:  # float16 or bfloat16: the AND does not look at the values
