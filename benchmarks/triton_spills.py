@@ -27,6 +27,11 @@ branch and its target, for the innermost loop that holds a matmul (the loop
 over key or query blocks; float32's exact products are FFMA, so there the
 innermost loop with an FFMA). Instructions per score element = loop-body
 instructions x threads / (BLOCK_M x BLOCK_N): the issue cost of one score.
+Each variant is compiled afresh (Triton's cache bypassed) so that ptxas's log
+tells whether it serialized the wgmma instructions (advisory C7515: each then
+waits for the one before; "wgmma serialized by ptxas" on the variant's line).
+--dump DIR writes each variant's TTGIR, PTX and SASS, to read where a loop's
+instructions come from.
 
     python benchmarks/triton_spills.py                         # fp16/bf16/fp32 x head size 64/128
     python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table of docs/performance.md
@@ -47,6 +52,8 @@ the end.
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -197,6 +204,42 @@ def cubin_report(binary):
     return int(usage.group(1)), int(usage.group(2)), kind, loop_body(sass.stdout)
 
 
+SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's C7515 advisory
+
+
+def compile_variant(src, options):
+    """triton.compile of one specialization, bypassing Triton's cache, and
+    whether ptxas serialized its wgmma instructions (its C7515 advisory in the
+    log Triton prints with ``dump_ptxas_log``; None where this Triton has no
+    such knob): every wgmma then waits for the one before, a stall per
+    instruction, and the loop gains a warpgroup arrive and wait per wgmma."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None or not hasattr(knobs.nvidia, "dump_ptxas_log"):
+        return triton.compile(src, target=TARGET, options=options.__dict__), None
+    log = io.StringIO()
+    saved = knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log
+    knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = True, True
+    try:
+        with contextlib.redirect_stdout(log):
+            binary = triton.compile(src, target=TARGET, options=options.__dict__)
+    finally:
+        knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = saved
+    return binary, SERIALIZED in log.getvalue()
+
+
+def dump(binary, stem: Path):
+    """stem.ttgir, stem.ptx and stem.sass of one compiled variant."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".ttgir").write_text(binary.asm["ttgir"])
+    stem.with_suffix(".ptx").write_text(binary.asm["ptx"])
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(binary.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True)
+    stem.with_suffix(".sass").write_text(sass.stdout)
+
+
 def describe(kernel, constexprs, options):
     """(kernel name, tile text, {flag: value}) of one specialization."""
     by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
@@ -259,6 +302,8 @@ def main(argv=None):
     p.add_argument("--no-report", action="store_true", help="only compile (no register report)")
     p.add_argument("--table", action="store_true", help="also print the dropout table (markdown)")
     p.add_argument("--json", metavar="PATH", help="write every row of the report to this JSON file")
+    p.add_argument("--dump", metavar="DIR", help="write each variant's TTGIR, PTX and SASS to DIR "
+                                                  "(to read where a loop's instructions come from)")
     p.add_argument("--max-stack", type=int, default=64, metavar="BYTES",
                    help="exit 1 if a variant spills more than this (default 64: GPU_TILES' rule)")
     p.add_argument("--max-shared", type=int, default=MAX_SHARED, metavar="BYTES",
@@ -281,9 +326,11 @@ def main(argv=None):
             if (only and name not in only) or any(str(int(flags.get(k, -1))) != v for k, v in where.items()):
                 continue
             src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-            binary = triton.compile(src, target=TARGET, options=options.__dict__)
+            binary, serialized = compile_variant(src, options)
             flag_text = " ".join(f"{k}={int(v)}" for k, v in flags.items()) or "-"
             head = f"{label_case} {name} {tile}/{options.num_warps}w/{options.num_stages}s {flag_text}"
+            if args.dump:
+                dump(binary, Path(args.dump) / re.sub(r"[^A-Za-z0-9=._-]+", "_", head))
             if args.no_report:
                 rows.append(dict(case=label_case))
                 print(head, flush=True)
@@ -294,12 +341,13 @@ def main(argv=None):
             per_score = loop * 32 * options.num_warps / score if loop and score else None
             rows.append(dict(case=label_case, kernel=name, tile=tile, warps=options.num_warps,
                              stages=options.num_stages, flags=flags, registers=regs, stack=stack,
-                             shared=binary.metadata.shared, kind=kind, loop=loop, per_score=per_score))
+                             shared=binary.metadata.shared, kind=kind, loop=loop, per_score=per_score,
+                             serialized=serialized))
             kinds[kind] = kinds.get(kind, 0) + 1
             loop_text = f", loop {loop} instructions ({per_score:.2f} a score)" if per_score else (
                 f", loop {loop} instructions" if loop else "")
             print(f"{head}: {regs} registers, {stack} bytes of stack, {binary.metadata.shared} bytes shared, "
-                  f"{kind}{loop_text}", flush=True)
+                  f"{kind}{loop_text}" + (", wgmma serialized by ptxas" if serialized else ""), flush=True)
     version = f"Triton {triton.__version__}"
     if args.no_report:
         print(f"compiled {len(rows)} variants ({version})")
@@ -319,6 +367,8 @@ def main(argv=None):
     print(f"compiled {len(rows)} variants, {sum(r['stack'] > 0 for r in rows)} with a stack (register spills), "
           f"the largest {largest} bytes; shared memory up to {shared_max} bytes; matmuls: "
           + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+          + (f", {sum(bool(r['serialized']) for r in rows)} with wgmma serialized by ptxas"
+             if any(r["serialized"] is not None for r in rows) else "")
           + (f"; dropout makes a loop at most {ratio:.2f}x as long ({worst[1]['case']} {worst[1]['kernel']} "
              + " ".join(f"{k}={int(v)}" for k, v in worst[1]["flags"].items()) + ")" if worst else "")
           + f" ({version})")

@@ -18,6 +18,7 @@ Sizes are tiny: everything runs under Triton's interpreter on CPU.
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, padding_mask
@@ -164,6 +165,130 @@ def test_dropout_mask_does_not_depend_on_the_tiles():
     assert not torch.equal(m, triton_flash.dropout_mask(_seed(6), shape, p))
 
 
+# The mask as triton_common's docstring defines it, computed here without Triton: Philox4x32-7
+# (Salmon et al. 2011; Triton's tl.philox and Random123's philox4x32 round), then the bytes.
+_M32 = 0xFFFFFFFF
+
+
+def _philox4x32_7(c0, c1, c2, c3, k0=0, k1=0):
+    """r_0..r_3 of Philox4x32 with 7 rounds; numpy uint64 arrays holding 32-bit words."""
+    k0, k1 = np.uint64(k0), np.uint64(k1)
+    for _ in range(7):
+        p0, p2 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2  # exact: < 2**64
+        c0, c1, c2, c3 = (p2 >> np.uint64(32)) ^ c1 ^ k0, p2 & np.uint64(_M32), (p0 >> np.uint64(32)) ^ c3 ^ k1, \
+            p0 & np.uint64(_M32)
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & np.uint64(_M32), (k1 + np.uint64(0xBB67AE85)) & np.uint64(_M32)
+    return c0, c1, c2, c3
+
+
+def _documented_words_and_bytes(seed, shape):
+    """For every (batch * head, i, j): the word r_{2a + h} that decides it and its byte 2 e + b,
+    j % 16 = 8 h + 4 a + 2 e + b, counter (i ceil(T_k / 16) + j // 16, batch * head, seed's low
+    and high 32 bits), key 0."""
+    bsz, heads, tq, tk = shape
+    bh, i, j = np.meshgrid(np.arange(bsz * heads), np.arange(tq), np.arange(tk), indexing="ij")
+    bh, i, j = (x.astype(np.uint64) for x in (bh, i, j))
+    groups = np.uint64(-(-tk // 16))
+    seed = np.uint64(seed)
+    r = _philox4x32_7((i * groups + j // np.uint64(16)) & np.uint64(_M32), bh, np.full_like(bh, seed & np.uint64(_M32)),
+                      np.full_like(bh, seed >> np.uint64(32)))
+    k = (j % np.uint64(16)).astype(np.int64)
+    h, a, e, b = k >> 3, (k >> 2) & 1, (k >> 1) & 1, k & 1
+    word = np.choose(2 * a + h, r)
+    byte = (word >> (8 * (2 * e + b)).astype(np.uint64)) & np.uint64(0xFF)
+    return word, e, b, byte.reshape(shape)
+
+
+def test_dropout_mask_is_the_documented_philox_bytes():
+    """dropout_mask (the kernels' own _keep, under the interpreter) equals the
+    definition of triton_common's docstring computed in numpy: Philox4x32-7
+    with the documented counter and key, the documented byte of each key,
+    dropped below t = round(256 p)."""
+    shape, seed, p = (2, 3, 37, 53), 2**40 + 12345, 0.3
+    *_, byte = _documented_words_and_bytes(seed, shape)
+    expected = torch.from_numpy(byte >= triton_flash.dropout_threshold(p))
+    assert torch.equal(triton_flash.dropout_mask(_seed(seed), shape, p).cpu(), expected)
+
+
+# The instructions _dropped and _byte_pair run on the GPU (the interpreter cannot run inline
+# PTX), modelled bit for bit from the PTX ISA: prmt.b32 (default mode), set.le.u32.f16x2 and
+# setp.le.f16x2 + selp.b32 (comparisons of float16 values, subnormals kept).
+def _prmt(a, b, selector):
+    """prmt.b32 d, a, b, c: byte n of d is byte c[4n + 2 : 4n] of {b, a} (a = bytes 0-3), or that
+    byte's sign bit replicated when c[4n + 3] is set."""
+    src = [(a >> np.uint64(8 * n)) & np.uint64(0xFF) for n in range(4)] + \
+          [(b >> np.uint64(8 * n)) & np.uint64(0xFF) for n in range(4)]
+    out = np.zeros_like(a)
+    for n in range(4):
+        nibble = (selector >> (4 * n)) & 0xF
+        byte = src[nibble & 7]
+        if nibble & 8:
+            byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        out |= byte << np.uint64(8 * n)
+    return out
+
+
+def _f16(bits):
+    return np.asarray(bits, dtype=np.uint64).astype(np.uint16).view(np.float16)
+
+
+def _set_le_u32_f16x2(a, b):
+    """set.le.u32.f16x2 d, a, b: each 16-bit half of d is 0xFFFF where a's half <= b's as float16."""
+    out = np.zeros(np.broadcast(a, b).shape, dtype=np.uint64)
+    for half in (0, 1):
+        shift = np.uint64(16 * half)
+        le = _f16((a >> shift) & np.uint64(0xFFFF)) <= _f16((b >> shift) & np.uint64(0xFFFF))
+        out |= np.where(le, np.uint64(0xFFFF), np.uint64(0)) << shift
+    return out
+
+
+def _setp_le_f16x2(a, b):
+    """setp.le.f16x2 p|q, a, b: p where a's low half <= b's as float16, q the same for the high halves."""
+    return tuple(_f16((a >> np.uint64(s)) & np.uint64(0xFFFF)) <= _f16((b >> np.uint64(s)) & np.uint64(0xFFFF))
+                 for s in (0, 16))
+
+
+def test_dropout_gpu_instructions_compute_the_interpreters_mask():
+    """_byte_pair's PRMT and both instruction sequences of _dropped, modelled
+    from the PTX ISA, give the interpreter's decisions: every (t, byte) pair
+    compares as the integers do (bytes are float16 subnormals), and on Philox
+    words the PRMT puts bytes 2e and 2e + 1 into the low and high half that
+    _dropped masks with (AND for a float16/bfloat16 pair, a select per
+    float32 of a pair), so the GPU keeps exactly what dropout_mask publishes.
+    Element k of a packed pair is half k, as Triton packs an inline-asm
+    operand (element j + k into vector lane k, little-endian); under that
+    convention the float32 pair's first value ($2) must take p, the low half."""
+    # the instructions the model follows, with its operand order: threshold first, bytes second
+    assert triton_common.BYTE_PAIR_PTX.value == "prmt.b32 $0, $1, 0, $2;"
+    assert "set.le.u32.f16x2 m, $3, $2; and.b32 $0, $1, m;" in triton_common.DROP_HALF_PAIR_PTX.value
+    assert "setp.le.f16x2 p|q, $5, $4; selp.b32 $0, $2, 0, p; selp.b32 $1, $3, 0, q;" in \
+        triton_common.DROP_FLOAT_PAIR_PTX.value
+    t = np.arange(1, 256, dtype=np.uint64)[:, None]  # the kernels run with 1 <= t <= 255
+    z = np.arange(256, dtype=np.uint64)[None, :]
+    mask = _set_le_u32_f16x2(t * np.uint64(0x10001), z | (z << np.uint64(16)))
+    assert np.array_equal(mask == np.uint64(0xFFFFFFFF), z >= t)
+    assert np.all((mask == 0) | (mask == np.uint64(0xFFFFFFFF)))
+    low, high = _setp_le_f16x2(t * np.uint64(0x10001), z | (z << np.uint64(16)))
+    assert np.array_equal(low, z >= t) and np.array_equal(high, z >= t)
+    shape, seed, p = (1, 2, 21, 40), 77, 0.25
+    word, e, b, byte = _documented_words_and_bytes(seed, shape)
+    z = np.empty_like(word)
+    for half in (0, 1):  # _byte_pair: prmt.b32 z, word, 0, BYTE_PAIR + 0x202 e
+        z = np.where(e == half, _prmt(word, np.zeros_like(word), triton_common.BYTE_PAIR.value + 0x202 * half), z)
+    half_b = (16 * b).astype(np.uint64)  # key b of a pair of neighbours: half b of z
+    assert np.array_equal(((z >> half_b) & np.uint64(0xFFFF)).reshape(shape), byte)
+    t_pair = np.uint64(triton_flash.dropout_threshold(p) * 0x10001)
+    expected = triton_flash.dropout_mask(_seed(seed), shape, p).cpu()
+    # float16/bfloat16 pair: and.b32 of the set.le.u32.f16x2 mask with two values (1.0 each here)
+    ones = np.uint64(0x3C00 * 0x10001)
+    kept = ((_set_le_u32_f16x2(t_pair, z) & ones) >> half_b) & np.uint64(0xFFFF) == np.uint64(0x3C00)
+    assert torch.equal(torch.from_numpy(kept.reshape(shape)), expected)
+    # float32 pair: setp.le.f16x2 p|q, then selp of the first value ($2) on p, the second ($3) on q
+    p_low, q_high = _setp_le_f16x2(t_pair, z)
+    kept = np.where(b == 0, p_low, q_high)
+    assert torch.equal(torch.from_numpy(kept.reshape(shape)), expected)
+
+
 @pytest.mark.parametrize("scheme", ["hnas", pytest.param("dnas", marks=pytest.mark.full)])
 def test_dropout_same_mask_in_all_three_kernels_at_two_tile_shapes(scheme, monkeypatch):
     """Forward (out), kv (dk, dv) and q (dq) kernels against float64 autograd
@@ -210,7 +335,7 @@ def test_dropout_rate_within_three_standard_errors(p):
     n = dropped.numel()
     se = (p_eff * (1 - p_eff) / n) ** 0.5
     assert abs(dropped.mean().item() - p_eff) < 3 * se, (dropped.mean().item(), p_eff, se)
-    per_lane = dropped.reshape(-1, 16).mean(0)  # key j % 16: byte j % 4 of word (j % 16) // 4
+    per_lane = dropped.reshape(-1, 16).mean(0)  # key j % 16 = 8 h + 4 a + 2 e + b: byte 2 e + b of r_{2a + h}
     se_lane = (p_eff * (1 - p_eff) / (n / 16)) ** 0.5
     # 16 lanes: allow 3.5 standard errors (a 3-sigma miss somewhere among 16 is not rare)
     assert (per_lane - p_eff).abs().max().item() < 3.5 * se_lane, per_lane

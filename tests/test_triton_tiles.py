@@ -63,9 +63,11 @@ def _expected(cases):
 def test_kernels_compile_for_an_h100_within_the_tile_rule():
     """The representative case (fp16, head size 64: the recipes'), every
     kernel and flag combination, with and without dropout: compiles for
-    sm_90 with at most 64 bytes of register spills and 99 KB of shared
-    memory (the script's exit status), and the report reads each cubin."""
-    seen, summary = _compile("fp16:64")
+    sm_90 with at most 64 bytes of register spills, 99 KB of shared memory
+    and a loop at most 1.3 times as long with dropout as without (the
+    script's exit status; docs/performance.md), and the report reads each
+    cubin."""
+    seen, summary = _compile("fp16:64", "--max-dropout-ratio", "1.3")
     assert seen == _expected("fp16:64"), sorted(seen ^ _expected("fp16:64"))
     assert "with a stack (register spills), the largest" in summary and "wgmma" in summary, summary
     assert "dropout makes a loop at most" in summary, summary

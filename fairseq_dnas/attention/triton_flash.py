@@ -25,9 +25,12 @@ Forward
        Attention dropout multiplies the final probabilities (the HNAS
        mixture, one mask for both parts) by Z[i, j] / (1 - p), Z ~ Bernoulli(1 - p)
        drawn by Philox from (seed, b H + h, i, j // 16), 16 decisions a call
-       (``triton_common._keep``), so that the backward replays the very same
-       mask without storing it, whatever the tiles; p is applied rounded to
-       a multiple of 1/256 (``effective_dropout_p``).
+       (``triton_common._dropout_bytes``), so that the backward replays the
+       very same mask without storing it, whatever the tiles; p is applied
+       rounded to a multiple of 1/256 (``effective_dropout_p``). The mask
+       zeroes the probabilities once rounded to the dtype of v, right before
+       their product with v (``_dropped``: two half-precision values an
+       instruction), and 1 / (1 - p) scales the output once at the end.
 
 Backward (dO the upstream gradient, Z' = Z / (1 - p) or 1 without dropout,
 G[i, j] = Z'[i, j] (dO_i . v_j) = dL/dpi before dropout):
@@ -94,6 +97,8 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
     _block_d,
     _column_lse_kernel,
     _dropout_scale,
+    _dropout_bytes,
+    _dropped,
     _keep,
     _load_tile,
     _offsets,
@@ -103,6 +108,7 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
     _real,
     _store_tile,
     _strides,
+    _threshold_pair,
     _tiles,
     dropout_threshold,
     effective_dropout_p,
@@ -121,7 +127,7 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
 
 
 @triton.jit
-def _online_softmax_step(m, l, acc, s, v, keep, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of an online softmax (FlashAttention): running row max m,
     row sum l of exp(s - m) (dropout does not change the normalizer) and
     accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max."""
@@ -129,9 +135,10 @@ def _online_softmax_step(m, l, acc, s, v, keep, DROPOUT: tl.constexpr, PRECISION
     p = tl.exp(s - m_new[:, None])
     alpha = tl.exp(m - m_new)
     l = l * alpha + tl.sum(p, 1)
-    if DROPOUT:
-        p = tl.where(keep, p, 0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    p = p.to(v.dtype)
+    if DROPOUT:  # on the rounded p, where a pair of keys is one 32-bit register (_dropped)
+        p = _dropped(p, byte, t_pair)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
     return m_new, l, acc
 
 
@@ -155,8 +162,10 @@ def _forward_kernel(
     offs_d = _offsets(0, BLOCK_D, INT64)
     real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
     q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    t_pair = 0
     if DROPOUT:
         seed = tl.load(SEED)
+        t_pair = _threshold_pair(drop_threshold)
     m_d = tl.full([BLOCK_M], NEG_INIT, tl.float32)
     l_d = tl.zeros([BLOCK_M], tl.float32)
     acc_d = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -171,14 +180,14 @@ def _forward_kernel(
         # c = +inf at padded keys and past T_k: s - c = -inf, weight 0
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        keep = None
+        byte = None
         if DROPOUT:
-            keep = _keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N)
+            byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
         # DNAS: softmax of s - c (step 4 as a key bias).
-        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, keep, DROPOUT, PRECISION)
+        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT, PRECISION)
         if HYBRID:  # UNAS: softmax of the same scores (step 3), padded keys (c = inf) left out
             s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
-            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, keep, DROPOUT, PRECISION)
+            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     if DROPOUT:
@@ -272,9 +281,11 @@ def _backward_kv_kernel(
         u = tl.load(U + h)
     else:
         u = 1.0
+    t_pair = 0
     if DROPOUT:  # G = Z' (dO V^T) = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
         seed = tl.load(SEED)
         scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
+        t_pair = _threshold_pair(drop_threshold)
     else:
         scale = 1.0
     u_g = u * scale
@@ -295,8 +306,8 @@ def _backward_kv_kernel(
         p_d = tl.exp(s_t - c[:, None] - r_d[None, :])  # pi_D^T, 0 at padded keys and queries
         g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
         if DROPOUT:
-            keep = _keep(seed, bh, offs_m, pid_n * BLOCK_N, TK, drop_threshold, BLOCK_N, True)  # (N, M)
-            g = tl.where(keep, g, 0.0)  # G / scale = Z (dO V^T)
+            byte = _dropout_bytes(seed, bh, offs_m, pid_n * BLOCK_N, TK, BLOCK_N, True)  # (N, M)
+            g = _dropped(g, byte, t_pair)  # G / scale = Z (dO V^T)
         t = p_d * (u_g * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
         if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
@@ -319,9 +330,10 @@ def _backward_kv_kernel(
             p = u * p_d + (1.0 - u) * p_u
         else:
             p = p_d
+        p = p.to(do.dtype)
         if DROPOUT:
-            p = tl.where(keep, p, 0.0)
-        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)  # dv_j = sum_i Z pi_H dO_i (times scale)
+            p = _dropped(p, byte, t_pair)
+        dv += tl.dot(p, do, input_precision=PRECISION)  # dv_j = sum_i Z pi_H dO_i (times scale)
         dk_t += tl.dot(t.to(q.dtype), qc, input_precision=PRECISION)
     # dk_j = sum_i ds[i, j] q_i, ds[i, j] = t[i, j] + xi[i, j] dc[j]: the sum over (q_i - mu),
     # plus mu times the column sum of ds, which only HNAS's UNAS part leaves
@@ -383,14 +395,21 @@ def _backward_q_kernel(
         e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
         u = 1.0
+    t_pair = 0
     if DROPOUT:  # G = scale Z (dO V^T): the scale goes into u and 1 - u
         seed = tl.load(SEED)
         scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
+        t_pair = _threshold_pair(drop_threshold)
     else:
         scale = 1.0
     u_g = u * scale
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, TK, BLOCK_N):
+    n_end = TK
+    if DROPOUT:  # At least one pass (for T_k = 0 it adds 0: every key is past T_k, c = inf), so that
+        # LLVM drops the path that skips the loop: with dropout it zeroes dq's registers again on that
+        # path, and ptxas, finding them defined between a wgmma and its wait, serializes every wgmma
+        n_end = tl.maximum(TK, 1)
+    for start_n in range(0, n_end, BLOCK_N):
         offs_n = _offsets(start_n, BLOCK_N, INT64)
         k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
         v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
@@ -400,7 +419,7 @@ def _backward_q_kernel(
         p_d = tl.exp(s - c[None, :] - r_d[:, None])  # 0 at padded keys (c = inf) and queries (r_d = inf)
         g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
-            g = tl.where(_keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N), g, 0.0)  # G / scale
+            g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
         ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
