@@ -31,14 +31,15 @@ FILES = {
 # A broken pipeline (misaligned or missing hypotheses, a model that did not
 # train) stays far below; the floor leaves 5 points for run-to-run noise.
 ROUGE1_FLOOR = 15.0
-# The default tier runs the same chain for 600 updates (inverse-sqrt schedule:
-# the first 600 updates of the 1,500-update run). Measured on this machine
-# (2026-11-24, quickstart.sh MAX_UPDATE=600): R-1 = 11.99 [10.61, 13.53] on
-# the 500 pairs, the same figure as the 600-update checkpoint above (the run
-# is deterministic on CPU). Floor 8: 4 points below it, 4 above the shifted
-# (misaligned) headlines.
-SHORT_UPDATES = 600
-SHORT_ROUGE1_FLOOR = 8.0
+# The default tier runs the same chain for 300 updates (inverse-sqrt schedule:
+# the first 300 updates of the 1,500-update run). Measured on this machine
+# (2026-11-24, quickstart.sh MAX_UPDATE=300, 151 s for the whole chain):
+# R-1 = 8.06 [6.89, 9.28] on the 500 pairs; the same model's headlines
+# shifted by one (misaligned output) R-1 = 3.40 [2.72, 4.06]. Floor 6: above
+# the misaligned interval, below the aligned one. (At 600 updates, the
+# earlier default: R-1 = 11.99 [10.61, 13.53].)
+SHORT_UPDATES = 300
+SHORT_ROUGE1_FLOOR = 6.0
 
 
 def _sentence(rng, n):
