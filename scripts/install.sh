@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with torch, fairseq and fairseq-dnas.
-# CPU: about 1.5 minutes on 2 cores with the local torch wheel. Safe to re-run.
+# CPU: about 70 s on 2 cores with the local torch wheel (uv for the dependencies). Safe to re-run.
 #
 #   bash scripts/install.sh                 # CPU, torch 2.13.0, into ./.venv
 #   TORCH_SPEC=torch bash scripts/install.sh  # GPU machine: the default CUDA build
@@ -38,7 +38,18 @@ echo "[install] $TORCH_SPEC"
 echo "[install] $FAIRSEQ_SPEC (--no-deps: its torchaudio pin would replace torch)"
 "${PIP[@]}" --no-deps "$FAIRSEQ_SPEC"
 echo "[install] fairseq-dnas, fairseq's runtime dependencies, pytest + xdist, triton (GPU kernels; tested on CPU by its interpreter), transformers (fairseq_dnas.hf)"
-"${PIP[@]}" -e ".[test,triton,hf]"
+# uv installs the same versions as pip (checked: identical package lists) in
+# about a third of the time (28 s instead of 85 s on 2 cores), unpacking and
+# byte-compiling in parallel. torch is already in the venv and satisfies the
+# requirement, so uv does not fetch another build. --compile-bytecode: pip
+# compiles too, and an environment with PYTHONDONTWRITEBYTECODE=1 would
+# otherwise recompile every import of every test subprocess. pip is the
+# fallback where uv cannot be installed (USE_UV=0 forces it).
+if [ "${USE_UV:-1}" = 1 ] && "${PIP[@]}" uv 2>/dev/null && [ -x "$VENV/bin/uv" ]; then
+  "$VENV/bin/uv" pip install --quiet --python "$PY" --compile-bytecode -e ".[test,triton,hf]"
+else
+  "${PIP[@]}" -e ".[test,triton,hf]"
+fi
 echo "[install] (a pip note that ve-fairseq requires torchaudio is expected: fairseq's speech models are not used)"
 
 "$PY" - <<'PYCHECK'
