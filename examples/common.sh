@@ -437,6 +437,53 @@ encode_pieces() {
     --output "$output" "$@"
 }
 
+# preprocess_size [fairseq-preprocess options]: prints "LINES BYTES", the
+# lines of the text files these options name (--trainpref/--validpref/
+# --testpref, with .SRC and .TGT unless --only-source) and the bytes
+# fairseq-preprocess writes for them to its .bin files: one item per piece
+# plus </s> per line, 2 bytes an item (uint16, dictionaries under 65,500
+# types), 4 for a larger VOCAB_SIZE / VOCAB. Never fails (unknown: "0 0").
+preprocess_size() {
+  local args=("$@") prefs=() langs=() files=() only=0 i prefix lang lines words item=2
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[i]}" in
+      --trainpref | --validpref | --testpref) prefs+=("${args[i + 1]:-}") ;;
+      --source-lang) langs=("${args[i + 1]:-}" "${langs[@]}") ;;
+      --target-lang) langs+=("${args[i + 1]:-}") ;;
+      --only-source) only=1 ;;
+    esac
+  done
+  [ "$only" = 1 ] && [ "${#langs[@]}" -gt 1 ] && langs=("${langs[0]}")
+  for prefix in "${prefs[@]}"; do
+    if [ "${#langs[@]}" -eq 0 ]; then files+=("$prefix"); fi
+    for lang in "${langs[@]}"; do files+=("$prefix.$lang"); done
+  done
+  [ "${VOCAB_SIZE:-${VOCAB:-0}}" -ge 65500 ] 2>/dev/null && item=4
+  read -r lines words < <( (cat "${files[@]}" 2>/dev/null || true) | wc -lw) || true
+  echo "${lines:-0} $(( (${words:-0} + ${lines:-0}) * item ))"
+}
+
+# run_fairseq_preprocess LOG DESTDIR [fairseq-preprocess options]: runs
+# fairseq-preprocess into DESTDIR, its output appended to LOG, with
+# "[script] binarized 120.5/480.2 MB (25%) ... left ..." on the console
+# while it writes (scripts/progress.py bytes) when the text has at least
+# PROGRESS_MIN_LINES lines (default 100000). fairseq logs nothing until a
+# whole split is done; on a large corpus it first reads the training text
+# for its dictionary (no bytes yet, no line), then binarizes. Returns
+# fairseq-preprocess's status.
+run_fairseq_preprocess() {
+  local log="$1" destdir="$2" status=0 lines bytes
+  shift 2
+  read -r lines bytes < <(preprocess_size "$@")
+  if [ "${lines:-0}" -ge "${PROGRESS_MIN_LINES:-100000}" ] && [ "${bytes:-0}" -gt 0 ]; then
+    say "fairseq-preprocess: $lines lines (log: $log)"
+    start_progress bytes "$destdir/*.bin" "$bytes" --label "$(basename "$0" .sh)" --unit binarized
+  fi
+  "$PYTHON" -m fairseq_cli.preprocess "$@" --destdir "$destdir" >> "$log" 2>&1 || status=$?
+  stop_progress
+  return "$status"
+}
+
 # binarize OUT [fairseq-preprocess options]: runs fairseq-preprocess with
 # --destdir OUT/bin.tmp, its log in OUT/preprocess.log, and renames
 # OUT/bin.tmp to OUT/bin when it succeeds (an interrupted run leaves no
@@ -445,7 +492,8 @@ binarize() {
   local out="$1"
   shift
   rm -rf "$out/bin.tmp"
-  "$PYTHON" -m fairseq_cli.preprocess "$@" --destdir "$out/bin.tmp" > "$out/preprocess.log" 2>&1 \
+  : > "$out/preprocess.log"
+  run_fairseq_preprocess "$out/preprocess.log" "$out/bin.tmp" "$@" \
     || { tail -20 "$out/preprocess.log" >&2; die "fairseq-preprocess failed (log: $out/preprocess.log)"; }
   rm -rf "$out/bin"
   mv "$out/bin.tmp" "$out/bin"

@@ -4,6 +4,7 @@
     python scripts/progress.py train SAVE_DIR/train.log --total 1500
     python scripts/progress.py lines OUT.generate.log.tmp --total 500 --prefix H- --label generate --unit sentences
     python scripts/progress.py lines OUT.tmp --total 3800000 --label prepare --unit lines
+    python scripts/progress.py bytes 'OUT/bin.tmp/*.bin' --total 270000000 --label prepare --unit binarized
 
 ``train`` reads fairseq-train's log (``--log-format simple`` or ``json``, in
 either logging layout: ``2026-11-23 10:00:00 | INFO | train_inner | epoch
@@ -16,6 +17,12 @@ plus one line per validation (``[train] validation at update 1500: loss 4.58
 rouge1 20.1``). ``lines`` counts the complete lines of a growing file (those
 starting with --prefix, if given) against --total: decoding (fairseq-generate
 writes one ``H-`` line per sentence) and line-by-line preprocessing.
+``bytes`` adds up the sizes of the files a glob pattern matches against
+--total bytes: fairseq-preprocess, which logs nothing until a whole split is
+done, writes its ``.bin`` files a token at a time (``[prepare] binarized
+120.5/480.2 MB (25%) ...``). Its worker processes write temporary files that
+are merged at the end, so the count may reach 100% a little before the job
+ends; it never goes past 100%.
 
 On a terminal (stderr is a tty) the line is refreshed in place (carriage
 return); otherwise (CI logs, a file) a plain line is printed every --step
@@ -29,6 +36,7 @@ here, the job's own exit status is the caller's: the shell ignores ours.
 """
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -150,6 +158,9 @@ class Progress:
             text = f"[{self.label}] update {self.done}/{self.total} ({self.percent():.0f}%)"
             if self.loss is not None:
                 text += f" loss {self.loss}"
+        elif self.kind == "bytes":
+            text = (f"[{self.label}] {self.unit} {min(self.done, self.total) / 1e6:.1f}/{self.total / 1e6:.1f} MB "
+                    f"({self.percent():.0f}%)")
         else:
             text = f"[{self.label}] {self.done}/{self.total} {self.unit} ({self.percent():.0f}%)"
         text += f" elapsed {duration(now - self.start_time)}"
@@ -223,6 +234,23 @@ class Follower:
         return [line.decode("utf-8", "replace") for line in complete]
 
 
+class Sizes:
+    """The bytes written so far to the files a glob pattern matches (none
+    yet: 0). Stands in for Follower in the ``bytes`` kind."""
+
+    def __init__(self, pattern):
+        self.pattern = pattern
+
+    def total(self):
+        size = 0
+        for path in glob.glob(self.pattern):
+            try:
+                size += os.path.getsize(path)
+            except OSError:  # removed between glob and stat (a merged worker file)
+                pass
+        return size
+
+
 def alive(parent):
     """Whether the process that started us (--watch) still runs: when it
     ends, even killed and not yet reaped, we are handed to another parent."""
@@ -238,11 +266,16 @@ def follow(args, stream=sys.stderr, clock=time.monotonic):
     start = clock()
     progress = Progress(args.kind, args.total, args.label, unit=args.unit, prefix=args.prefix, now=start)
     console = Console(stream, args.step, tty=None)
-    follower = Follower(args.file, args.from_byte)
+    follower = Follower(args.file, args.from_byte) if args.kind != "bytes" else None
+    sizes = Sizes(args.file) if args.kind == "bytes" else None
     while True:
         finished = bool(stop) or args.once or not alive(args.watch)
         now = clock()
-        for line in follower.lines():
+        if sizes is not None:
+            written = sizes.total()
+            if written > progress.done:
+                progress._count(written, now)
+        for line in follower.lines() if follower else ():
             message = progress.feed(line, now)
             if message:
                 console.message(message)
@@ -256,9 +289,10 @@ def follow(args, stream=sys.stderr, clock=time.monotonic):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=("train", "lines"))
-    parser.add_argument("file", help="the log or output file the job writes")
-    parser.add_argument("--total", type=int, required=True, help="updates (train) or lines (lines) in all")
+    parser.add_argument("kind", choices=("train", "lines", "bytes"))
+    parser.add_argument("file", help="the log or output file the job writes (bytes: a glob pattern of files)")
+    parser.add_argument("--total", type=int, required=True, help="updates (train), lines (lines) or bytes "
+                        "(bytes) in all")
     parser.add_argument("--from-byte", type=int, default=0, help="read the file from this offset (its size "
                         "before the job started, for a log that is appended to)")
     parser.add_argument("--prefix", default="", help="lines: count only the lines starting with this")

@@ -206,3 +206,62 @@ def test_progress_off_and_small_files_show_nothing(tmp_path):
     proc = _bash(f"run_with_line_progress {out} 5 encode bash -c 'seq 5 > {out}; sleep 1; exit 4'", tmp_path,
                  PROGRESS_MIN_LINES="1")
     assert proc.returncode == 4 and "[encode] 5/5 lines (100%)" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------- fairseq-preprocess: bytes written
+
+def _text(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def test_preprocess_size_names_the_files_fairseq_reads(tmp_path):
+    _text(tmp_path / "train.src", ["a b c", "d e"])        # 2 lines, 5 pieces
+    _text(tmp_path / "train.tgt", ["x"])                   # 1 line, 1 piece
+    _text(tmp_path / "valid.src", ["a a a a"])             # 1 line, 4 pieces
+    _text(tmp_path / "valid.tgt", ["y z"])                 # 1 line, 2 pieces
+    _text(tmp_path / "mono", ["one two three"] * 3)        # 3 lines, 9 pieces
+    pair = f"--source-lang src --target-lang tgt --trainpref {tmp_path}/train --validpref {tmp_path}/valid"
+    # (pieces + one </s> a line) x 2 bytes (uint16)
+    assert _bash(f"preprocess_size {pair} --joined-dictionary", tmp_path).stdout.split() == ["5", "34"]
+    assert _bash(f"preprocess_size {pair} --only-source", tmp_path).stdout.split() == ["3", "24"]
+    assert _bash(f"preprocess_size --only-source --trainpref {tmp_path}/mono", tmp_path).stdout.split() == \
+        ["3", "24"]
+    assert _bash(f"preprocess_size --only-source --trainpref {tmp_path}/mono", tmp_path,
+                 VOCAB_SIZE="70000").stdout.split() == ["3", "48"]  # int32 items for a large dictionary
+    assert _bash(f"preprocess_size --trainpref {tmp_path}/missing", tmp_path).stdout.split() == ["0", "0"]
+
+
+def test_fairseq_preprocess_writes_the_bytes_predicted_and_shows_them(tmp_path):
+    """The real fairseq-preprocess (a joined dictionary, both sides, two
+    splits): its .bin files add up to what preprocess_size predicts, so the
+    console's percentage ends at 100%."""
+    words = "the a police said year market of to in on".split()
+    for split, n in (("train", 300), ("valid", 40)):
+        for side, length in (("src", 9), ("tgt", 4)):
+            _text(tmp_path / f"{split}.{side}",
+                  [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(length + i % 3)) for i in range(n)])
+    args = (f"--source-lang src --target-lang tgt --trainpref {tmp_path}/train --validpref {tmp_path}/valid "
+            "--joined-dictionary --workers 1")
+    proc = _bash(f"run_fairseq_preprocess {tmp_path}/pre.log {tmp_path}/bin {args}; preprocess_size {args}",
+                 tmp_path, PROGRESS_MIN_LINES="1")
+    assert proc.returncode == 0, proc.stderr + (tmp_path / "pre.log").read_text()[-2000:]
+    lines, predicted = map(int, proc.stdout.split())
+    assert lines == 680
+    written = sum(p.stat().st_size for p in (tmp_path / "bin").glob("*.bin"))
+    assert written == predicted, (written, predicted)
+    assert f"binarized {predicted / 1e6:.1f}/{predicted / 1e6:.1f} MB (100%)" in proc.stderr, proc.stderr
+    assert "fairseq-preprocess: 680 lines" in proc.stderr
+
+
+def test_bytes_kind_sums_the_files_of_a_pattern_and_stops_at_100_percent(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"x" * 300)
+    (tmp_path / "b.bin").write_bytes(b"x" * 200)
+    (tmp_path / "other.idx").write_bytes(b"x" * 999)  # not matched
+    proc = subprocess.run([sys.executable, PROGRESS, "bytes", str(tmp_path / "*.bin"), "--total", "1000000",
+                           "--once", "--label", "prepare", "--unit", "binarized"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("[prepare] binarized 0.0/1.0 MB (0%)"), proc.stderr
+    p = progress.Progress("bytes", 400, "prepare", unit="binarized")
+    p._count(500, 1.0)  # worker files not yet merged away: more than the total
+    assert p.percent() == 100.0 and "0.0/0.0 MB (100%)" in p.render(1.0)

@@ -51,7 +51,8 @@ mkdir -p "$TEXT" "$BIN"
 check_settings_file "$OUT_DIR" "VOCAB=$VOCAB VALID_EVERY=$VALID_EVERY MAX_PIECES=$MAX_PIECES MAX_LINES=$MAX_LINES MAX_TRAIN=$MAX_TRAIN MAX_EVAL=$MAX_EVAL"
 SPM=("$PYTHON" "$REPO/scripts/sentencepiece_tool.py")
 DATA=("$PYTHON" "$REPO/scripts/masked_lm_data.py")
-PREPROCESS=("$PYTHON" -m fairseq_cli.preprocess --only-source --workers "$WORKERS")
+PREPROCESS_OPTS=(--only-source --workers "$WORKERS")
+PREPROCESS=("$PYTHON" -m fairseq_cli.preprocess "${PREPROCESS_OPTS[@]}")
 
 if [ ! -s "$TEXT/valid.txt" ]; then
   say "1/4 collecting the pretraining text"
@@ -71,8 +72,9 @@ if [ ! -s "$BIN/pretrain/valid.idx" ]; then
   say "3/4 binarizing the pretraining text"
   for split in train valid; do encode "$TEXT/$split.txt" "$TEXT/$split.sp"; done
   rm -rf "$BIN/pretrain.tmp"
-  "${PREPROCESS[@]}" --trainpref "$TEXT/train.sp" --validpref "$TEXT/valid.sp" \
-    --destdir "$BIN/pretrain.tmp" > "$TEXT/preprocess.log" 2>&1 \
+  : > "$TEXT/preprocess.log"
+  run_fairseq_preprocess "$TEXT/preprocess.log" "$BIN/pretrain.tmp" "${PREPROCESS_OPTS[@]}" \
+    --trainpref "$TEXT/train.sp" --validpref "$TEXT/valid.sp" \
     || die "fairseq-preprocess failed (see $TEXT/preprocess.log)"
   rm -rf "$BIN/pretrain" && mv "$BIN/pretrain.tmp" "$BIN/pretrain"
 fi
