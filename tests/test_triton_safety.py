@@ -80,12 +80,14 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout, scheme", [("packed", "dnas"), ("indexed", "hnas"), ("transposed", "dnas"),
-                                            ("expanded_key", "hnas")])
-def test_any_input_strides_forward_and_gradients(layout, scheme):
+@pytest.mark.parametrize("layout, scheme, p", [("packed", "dnas", 0.0), ("indexed", "hnas", 0.0),
+                                               ("transposed", "dnas", 0.0), ("expanded_key", "hnas", 0.0),
+                                               ("packed", "hnas", 0.2)])
+def test_any_input_strides_forward_and_gradients(layout, scheme, p):
     """Views of one base tensor: the kernels read each view with its strides
     and write each gradient into a buffer of its own; autograd takes them
-    back to the base. Against float64 autograd through the same views."""
+    back to the base. Against float64 autograd through the same views (with
+    dropout: with the kernels' materialized mask)."""
     views, shape = LAYOUTS[layout]
     g = torch.Generator().manual_seed(0)
     base = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).to(DEVICE)
@@ -96,8 +98,12 @@ def test_any_input_strides_forward_and_gradients(layout, scheme):
     mask = padding_mask(LENGTHS, T, True).to(DEVICE)
     q, k, v = views(x)
     assert not all(t.is_contiguous() for t in (q, k, v))
-    out = _attention(q, k, v, u, mask)
-    ref = _reference(*views(xd), ud, mask, mask)
+    seed = _seed(31)
+    keep = triton_flash.dropout_mask(seed, (B, H, T, T), p) if p else None
+    out = _attention(q, k, v, u, mask, dropout_p=p, seed=seed)
+    ref = _reference(*views(xd), ud, mask, mask, keep=keep, p=p)
+    if p:  # the mask drops something: a kernel without dropout would miss the reference
+        assert 0 < (~keep).sum() < keep.numel()
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
     dout = torch.randn(out.shape, generator=g).to(DEVICE)
     ins, ref_ins = ((x, u), (xd, ud)) if u is not None else ((x,), (xd,))
