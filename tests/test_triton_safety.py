@@ -448,14 +448,14 @@ def test_float16_dk_with_a_large_mean_query():
     the centring (the interpreter's float16 tl.dot is exact)."""
     g = torch.Generator().manual_seed(0)
     mean = 16.0 * torch.randn(1, 1, 1, D, generator=g).sign()
-    q = (torch.randn(1, H, 32, D, generator=g) * 0.5 + mean).half()
-    k = (torch.randn(1, H, 32, D, generator=g) * 0.5).half()
-    v = torch.randn(1, H, 32, D, generator=g).half()
-    do = torch.randn(1, H, 32, D, generator=g).half()
-    mask = padding_mask((27,), 32, True)
+    q = (torch.randn(1, H, 32, D, generator=g) * 0.5 + mean).half().to(DEVICE)
+    k = (torch.randn(1, H, 32, D, generator=g) * 0.5).half().to(DEVICE)
+    v = torch.randn(1, H, 32, D, generator=g).half().to(DEVICE)
+    do = torch.randn(1, H, 32, D, generator=g).half().to(DEVICE)
+    mask = padding_mask((27,), 32, True).to(DEVICE)
     qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
     ref_dk = torch.autograd.grad(_reference(qd, kd, vd, None, mask, mask), kd, do.double())[0]
-    seed = torch.zeros(1, dtype=torch.int64)
+    seed = torch.zeros(1, dtype=torch.int64, device=DEVICE)
     errors = {}
     for center in (False, True):
         out, o_d, c, r_d, r_u, _ = triton_flash._forward(q, k, v, None, mask, mask, 0.0, seed, 1)
