@@ -37,8 +37,9 @@ die() { echo "[$(basename "$0" .sh)] error: $*" >&2; exit 1; }
 
 # check_python: makes PYTHON the full path of an interpreter that has fairseq,
 # fairseq_dnas, sentencepiece and rouge-score, or dies saying how to get one.
-# The import check runs once per run (FAIRSEQ_DNAS_CHECKED_PYTHON, exported,
-# tells the scripts started from here that it was done).
+# The import check (scripts/check_python.py: about 7 s the first time, then
+# remembered per installation) runs once per run: FAIRSEQ_DNAS_CHECKED_PYTHON,
+# exported, tells the scripts started from here that it was done.
 check_python() {
   # PYTHON may be a path or a command on PATH (PYTHON=python3); resolve it once
   # so that every later use (and every job started from here) runs the same one.
@@ -48,8 +49,9 @@ check_python() {
     || die "no Python found at PYTHON=${PYTHON:-} (a path or a command on PATH); run 'bash scripts/install.sh' or set PYTHON"
   PYTHON="$found"
   [ "${FAIRSEQ_DNAS_CHECKED_PYTHON:-}" = "$PYTHON" ] && return 0
-  "$PYTHON" -c 'import fairseq, fairseq_dnas, sentencepiece, rouge_score' 2>/dev/null \
-    || die "$PYTHON lacks fairseq, fairseq_dnas, sentencepiece or rouge-score; run 'bash scripts/install.sh' (or set PYTHON to the environment that has them)"
+  local why
+  why="$("$PYTHON" "$REPO/scripts/check_python.py" 2>/dev/null)" \
+    || die "$PYTHON lacks fairseq, fairseq_dnas, sentencepiece or rouge-score (${why:-it cannot run scripts/check_python.py}); run 'bash scripts/install.sh' (or set PYTHON to the environment that has them)"
   export FAIRSEQ_DNAS_CHECKED_PYTHON="$PYTHON"
 }
 

@@ -69,13 +69,29 @@ LONG_FILES_FIRST = (
 )
 
 
-def _file_rank(item):
+# The full tier alone (``-m full``, CI's second part) has six files, one of
+# them a single 740-s test (the 1,500-update Gigaword chain). xdist gives a
+# worker the next file while two or fewer of its tests are pending
+# (LoadScopeScheduling._reschedule), so the chain's worker takes the third
+# file along at the start, and the compile sweep's worker (two tests) the
+# fourth: short files there, so that the long ones go to the worker that is
+# free (measured: docs/testing.md).
+FULL_TIER_ORDER = (
+    "test_gigaword_recipe.py", "test_triton_tiles.py", "test_plain_commands.py", "test_triton_safety.py",
+    "test_triton.py", "test_resume.py",
+)
+
+
+def _file_rank(item, order=LONG_FILES_FIRST):
     name = os.path.basename(str(item.path))
-    return LONG_FILES_FIRST.index(name) if name in LONG_FILES_FIRST else len(LONG_FILES_FIRST)
+    return order.index(name) if name in order else len(order)
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_file_rank)  # stable: a file's tests keep their order
+    if _full_by_markexpr(config):
+        items.sort(key=lambda item: _file_rank(item, FULL_TIER_ORDER))
+    else:
+        items.sort(key=_file_rank)  # stable: a file's tests keep their order
     if config.getoption("full") or _full_by_markexpr(config):
         return
     skip = pytest.mark.skip(reason=f"full tier: run with pytest {FULL_OPTION} (docs/testing.md)")

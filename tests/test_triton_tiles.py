@@ -76,8 +76,10 @@ def test_kernels_compile_for_an_h100_within_the_tile_rule():
 @pytest.mark.full
 @NO_GPU
 def test_every_case_compiles_for_an_h100_within_the_tile_rule():
-    """The whole sweep: fp16/bf16/fp32 x head size 64/128, 156 variants (about 10 CPU minutes)."""
-    cases = "fp16:64,bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
+    """The rest of the sweep: bf16/fp32 at head size 64 and fp16/bf16/fp32 at
+    128, 130 variants (about 5 CPU minutes); fp16:64, the 26 others, is the
+    default tier's test above."""
+    cases = "bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
     seen, summary = _compile(cases)
     assert seen == _expected(cases), sorted(seen ^ _expected(cases))
     assert f"compiled {len(_expected(cases))} variants" in summary, summary
