@@ -10,6 +10,8 @@ from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
 
+import fork_server
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 USER_DIR = os.path.join(ROOT, "fairseq_dnas")
@@ -75,13 +77,20 @@ def write_parallel_data(folder, sizes=(("train", 300), ("valid", 30), ("test", 2
 
 
 def run(cmd, cwd=None, input=None, check=True, env=None):
-    """Run a fairseq CLI (by name, from this venv) and return the CompletedProcess."""
+    """Run a fairseq CLI (by name, from this venv) or ``[sys.executable,
+    script.py, ...]`` and return the CompletedProcess. Both run in a fork of
+    the test fork server (tests/fork_server.py: the imports paid once),
+    unless FAIRSEQ_DNAS_TEST_FORK=0."""
     if not os.path.isabs(cmd[0]) and os.path.exists(os.path.join(BIN, cmd[0])):
         cmd = [os.path.join(BIN, cmd[0]), *cmd[1:]]
-    proc = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, input=input, capture_output=True, text=True,
-        env={**os.environ, **(env or {})},
-    )
+    cmd = [str(c) for c in cmd]
+    env = {**os.environ, **(env or {})}
+    if fork_server.ENABLED and os.path.dirname(cmd[0]) == BIN and os.path.basename(cmd[0]).startswith("fairseq-"):
+        proc = fork_server.run(cmd[0], cmd[1:], cwd=cwd, input=input, env=env)
+    elif fork_server.ENABLED and cmd[0] == sys.executable and len(cmd) > 1 and cmd[1].endswith(".py"):
+        proc = fork_server.run(cmd[1], cmd[2:], cwd=cwd, input=input, env=env)
+    else:
+        proc = subprocess.run(cmd, cwd=cwd, input=input, capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(map(str, cmd))} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
