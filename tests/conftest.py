@@ -63,9 +63,10 @@ def pytest_configure(config):
 # By measured seconds of the default tier (docs/testing.md); files not named
 # follow in collection order.
 LONG_FILES_FIRST = (
-    "test_gigaword_recipe.py", "test_triton.py", "test_translation_recipe.py", "test_masked_lm_recipe.py",
-    "test_bad_files.py", "test_resume.py", "test_cli.py", "test_analysis_explaining_away.py",
-    "test_triton_tiles.py", "test_run_seeds.py", "test_plain_commands.py", "test_distributed.py",
+    "test_gigaword_recipe.py", "test_triton.py", "test_translation_recipe.py", "test_resume.py",
+    "test_triton_tiles.py", "test_masked_lm_recipe.py", "test_bad_files.py", "test_plain_commands.py",
+    "test_run_seeds.py", "test_triton_safety.py", "test_cli.py", "test_analysis_explaining_away.py",
+    "test_distributed.py",
 )
 
 
