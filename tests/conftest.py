@@ -76,7 +76,8 @@ LONG_FILES_FIRST = (
 # (LoadScopeScheduling._reschedule), so the chain's worker takes the third
 # file along at the start, and the compile sweep's worker (two tests) the
 # fourth: short files there, so that the long ones go to the worker that is
-# free (measured: docs/testing.md).
+# free (the full tier took 1,005 s before, 643 s after this change and the
+# others of docs/testing.md's third change).
 FULL_TIER_ORDER = (
     "test_gigaword_recipe.py", "test_triton_tiles.py", "test_plain_commands.py", "test_triton_safety.py",
     "test_triton.py", "test_resume.py",

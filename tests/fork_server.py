@@ -92,7 +92,7 @@ def _child(req) -> None:
             etype, value, tb = sys.exc_info()
             # the traceback from the script's first frame, as `python script` prints it
             first = tb
-            while first is not None and first.tb_frame.f_code.co_filename != sys.argv[0]:
+            while first is not None and first.tb_frame.f_code.co_filename != req["script"]:
                 first = first.tb_next
             sys.excepthook(etype, value.with_traceback(first or tb), first or tb)
             code = 1
@@ -110,8 +110,9 @@ def _child(req) -> None:
 
 
 def serve() -> None:
-    """The server's loop: one JSON request a line on stdin; answers the
-    child's pid, then its exit status, one JSON line each on stdout."""
+    """The server's loop: one JSON request a line on stdin, one JSON answer a
+    line on stdout (the child's exit status, and whether it was killed at
+    its timeout)."""
     import torch  # noqa: F401 (the point: imported once, before every fork)
     import fairseq  # noqa: F401
 
@@ -124,10 +125,12 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(req)
-        channel.write(json.dumps({"pid": pid}) + "\n")
-        channel.flush()
+        with os.fdopen(os.pidfd_open(pid)) as exited:  # readable once the child has ended
+            timed_out = not select.select([exited], [], [], req["timeout"])[0]
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-        channel.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+        channel.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out}) + "\n")
         channel.flush()
 
 
@@ -135,15 +138,6 @@ class ForkServer:
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-
-    def _answer(self, timeout):
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the test fork server ended (see the output above)")
-        return json.loads(line)
 
     def run(self, script, args, cwd=None, input=None, env=None, timeout=None):
         """Like subprocess.run([python, script, *args], capture_output=True, text=True)."""
@@ -154,14 +148,14 @@ class ForkServer:
             for name in ("stdout", "stderr"):
                 open(paths[name], "w").close()
             req = dict(script=str(script), args=[str(a) for a in args], cwd=str(cwd or os.getcwd()),
-                       env=dict(env if env is not None else os.environ), **paths)
+                       env=dict(env if env is not None else os.environ), timeout=timeout, **paths)
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
-            pid = self._answer(60)["pid"]
-            done = self._answer(timeout)
-            if done is None:
-                os.kill(pid, signal.SIGKILL)
-                self._answer(None)
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the test fork server ended (see the output above)")
+            done = json.loads(line)
+            if done["timed_out"]:
                 raise subprocess.TimeoutExpired([script, *args], timeout)
             out, err = (open(paths[n], errors="replace").read() for n in ("stdout", "stderr"))
         return subprocess.CompletedProcess([script, *args], done["returncode"], out, err)
