@@ -208,14 +208,17 @@ def fairseq_command():
     return name if name in COMMANDS else None
 
 
-def error_line(err: BadFile) -> str:
-    """What a command prints for a bad file (and the recipes grep for)."""
+def error_line(err: Exception) -> str:
+    """What a command prints for a bad file or a bad plugin flag (and the
+    recipes grep for)."""
     return f"error: {err}"
 
 
 def _excepthook_with_bad_files(previous):
+    from fairseq_dnas.errors import BadFlag
+
     def excepthook(exc_type, exc, tb):
-        if isinstance(exc, BadFile):
+        if isinstance(exc, (BadFile, BadFlag)):
             print(error_line(exc), file=sys.stderr, flush=True)
             return  # the interpreter then exits with status 1, as after any uncaught exception
         previous(exc_type, exc, tb)
