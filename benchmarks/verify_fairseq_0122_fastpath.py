@@ -22,8 +22,8 @@ script shows, on real fairseq 0.12.2 code:
   (c) the guard is what makes the difference: the same DNAS layer with the
       ``can_use_fastpath`` property removed takes the fast path and outputs
       plain softmax attention;
-plus ``import fairseq_dnas`` registers every architecture, the torch.load
-compatibility shim (checkpoint_compat) stays out of the way on torch < 2.6,
+plus ``import fairseq_dnas.plugin`` registers every architecture, the torch.load
+compatibility patch (fairseq_patches.checkpoint_load) stays out of the way on torch < 2.6,
 and a loaded model also gives Algorithm 1 on inputs long enough to take the
 plugin's long-sequence attention kernel on this (old) torch.
 
@@ -260,18 +260,18 @@ def check_environment():
 
 
 def check_import(report):
-    import fairseq_dnas  # noqa: F401
+    import fairseq_dnas.plugin  # noqa: F401
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as distributed_utils
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     missing = [a for a in EXPECTED_ARCHS if a not in ARCH_MODEL_REGISTRY]
-    report.check("import fairseq_dnas registers every architecture", not missing,
+    report.check("import fairseq_dnas.plugin registers every architecture", not missing,
                  f"missing: {missing}" if missing else f"{len(EXPECTED_ARCHS)} archs")
     shim_wanted = hasattr(torch.serialization, "safe_globals")
     untouched = checkpoint_utils.torch is torch and distributed_utils.torch is torch
     report.check(
-        "checkpoint_compat leaves fairseq's torch.load alone on torch < 2.6",
+        "fairseq_patches.checkpoint_load leaves fairseq's torch.load alone on torch < 2.6",
         shim_wanted or untouched,
         f"torch.serialization.safe_globals {'exists' if shim_wanted else 'absent'}; "
         f"fairseq.checkpoint_utils.torch is torch: {checkpoint_utils.torch is torch}",

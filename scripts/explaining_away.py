@@ -64,7 +64,7 @@ from fairseq_dnas.analysis.explaining_away import (
     run_split,
     summary_rows,
 )
-from fairseq_dnas.file_checks import BadFile
+from fairseq_dnas.errors import BadFile
 
 SUMMARY_FIELDS = [
     "model", "checkpoint", "attention", "layer", "scheme", "component", "hybrid_u_mean",

@@ -29,7 +29,7 @@ import sys
 
 from fairseq_dnas.analysis.files import write_csv
 from fairseq_dnas.analysis.hybrid import NoHybridWeights, read_hybrid_weights
-from fairseq_dnas.file_checks import BadFile
+from fairseq_dnas.errors import BadFile
 
 
 def parse_args(argv):

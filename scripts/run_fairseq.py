@@ -6,7 +6,7 @@
 
 Exactly fairseq's own ``fairseq-train`` / ``fairseq-generate`` with
 ``--user-dir fairseq_dnas`` (the same arguments, the same one-line errors:
-``fairseq_dnas/file_checks.py``): a truncated or corrupt checkpoint, a
+``fairseq_dnas/fairseq_patches/file_checks.py``): a truncated or corrupt checkpoint, a
 checkpoint of another architecture, or an empty or truncated data file ends
 the run with ``error: <file>: <what is wrong>`` and exit status 1 instead of a
 traceback. Here the plugin is imported (and its checks installed) even when
@@ -25,18 +25,22 @@ def main() -> int:
         return 2
     tool = sys.argv.pop(1)
     sys.argv[0] = f"fairseq-{tool}"
-    import fairseq_dnas  # noqa: F401  (checkpoint loading under torch >= 2.6, atomic copies, exact resume)
-    from fairseq_dnas import file_checks
+    # What --user-dir fairseq_dnas does in fairseq-train itself: the models and
+    # tasks, and every patch (the command-line ones too, sys.argv[0] being set).
+    import fairseq_dnas.plugin  # noqa: F401
+    from fairseq_dnas import fairseq_patches
+    from fairseq_dnas.errors import BadFile
+    from fairseq_dnas.fairseq_patches.file_checks import error_line
 
-    file_checks.install_for_command_line()  # what --user-dir fairseq_dnas does in fairseq-train itself
+    fairseq_patches.install(command_line=True)
     if tool == "train":
         from fairseq_cli.train import cli_main
     else:
         from fairseq_cli.generate import cli_main
     try:
         cli_main()
-    except file_checks.BadFile as err:
-        print(file_checks.error_line(err), file=sys.stderr)
+    except BadFile as err:
+        print(error_line(err), file=sys.stderr)
         return 1
     return 0
 

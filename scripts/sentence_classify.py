@@ -32,10 +32,11 @@ class BadInput(Exception):
 
 def load(checkpoint, data=None):
     """(model, task) of a sentence_prediction checkpoint, in eval mode on CPU."""
-    import fairseq_dnas  # noqa: F401  (registers the plugin; checkpoints under torch >= 2.6)
+    import fairseq_dnas.plugin  # noqa: F401  (registers the plugin; checkpoints under torch >= 2.6)
     from fairseq import checkpoint_utils
 
-    from fairseq_dnas.file_checks import BadFile, read_checkpoint
+    from fairseq_dnas.errors import BadFile
+    from fairseq_dnas.fairseq_patches.file_checks import read_checkpoint
 
     try:
         state = read_checkpoint(checkpoint_utils.load_checkpoint_to_cpu, checkpoint)

@@ -27,6 +27,10 @@ WORDS = [f"w{i}" for i in range(40)]
 
 
 def tiny_args(arch, extra=()):
+    # What --user-dir does, also when fairseq_dnas was imported before (then
+    # fairseq's import_user_module only logs "already imported").
+    import fairseq_dnas.plugin  # noqa: F401
+
     parser = options.get_training_parser()
     return options.parse_args_and_arch(
         parser, ["unused-data", "--arch", arch, "--user-dir", USER_DIR, *TINY, *extra]

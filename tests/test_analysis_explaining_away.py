@@ -213,7 +213,7 @@ def data(tmp_path_factory):
 
 
 def test_script_compares_unas_dnas_hnas(runs, data, tmp_path):
-    import fairseq_dnas  # noqa: F401
+    import fairseq_dnas.plugin  # noqa: F401
     from fairseq import checkpoint_utils
 
     out = tmp_path / "ea"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-import fairseq_dnas  # noqa: F401  (fairseq checkpoint loading under torch >= 2.6)
+import fairseq_dnas.plugin  # noqa: F401  (fairseq checkpoint loading under torch >= 2.6)
 from analysis_fixtures import HYBRID_INIT, tiny_runs
 from helpers import ROOT, run
 

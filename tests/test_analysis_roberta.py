@@ -27,7 +27,7 @@ sys.path.insert(0, SCRIPTS)
 import explaining_away  # noqa: E402
 import plot_hybrid_weights  # noqa: E402
 
-import fairseq_dnas  # noqa: E402,F401  (fairseq checkpoint loading under torch >= 2.6)
+import fairseq_dnas.plugin  # noqa: E402,F401  (fairseq checkpoint loading under torch >= 2.6)
 
 HEADS, LAYERS, MAX_POSITIONS = 4, 2, 32
 # Scales of q_proj / k_proj: scores 4,000 times those of the trained model,
@@ -46,7 +46,7 @@ TRAIN = ["--user-dir", USER_DIR, *TINY, "--cpu", "--optimizer", "adam", "--lr", 
 # fairseq-preprocess and fairseq-train, several runs in one process.
 _RUNNER = r"""
 import json, sys
-import fairseq_dnas  # noqa: F401
+import fairseq_dnas.plugin  # noqa: F401
 from fairseq_cli import preprocess, train
 
 for tool, argv in json.loads(sys.argv[1]):

@@ -29,7 +29,7 @@ import plot_hybrid_weights  # noqa: E402
 import rouge_eval  # noqa: E402
 import seed_table  # noqa: E402
 
-from fairseq_dnas import file_checks  # noqa: E402
+from fairseq_dnas.fairseq_patches import file_checks  # noqa: E402
 
 SMALL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
          "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",

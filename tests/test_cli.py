@@ -173,7 +173,7 @@ class Payload:
 
 
 def test_torch_load_elsewhere_is_not_weakened(tmp_path):
-    import fairseq_dnas  # noqa: F401  (installs the fairseq checkpoint fix)
+    import fairseq_dnas.plugin  # noqa: F401  (installs the fairseq checkpoint fix)
 
     path = tmp_path / "untrusted.pt"
     torch.save({"x": Payload()}, path)

@@ -17,7 +17,7 @@ from helpers import ROOT
 PROBE = textwrap.dedent('''
     import json, os
     import torch
-    import fairseq_dnas  # noqa: F401  (models and translation_rouge)
+    import fairseq_dnas.plugin  # noqa: F401  (models and translation_rouge)
     from fairseq.tasks import register_task
     from fairseq_dnas.tasks.translation_rouge import TranslationRougeConfig, TranslationRougeTask
 

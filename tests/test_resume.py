@@ -7,7 +7,7 @@ same run left alone: bitwise. So must a run stopped at a smaller MAX_UPDATE
 and continued with the larger one, through train.sh and through plain
 ``fairseq-train --user-dir fairseq_dnas``: a restart inside epoch 2 or later
 used to see other batches than the run left alone (fairseq rebuilt them with
-the seed of the epoch it resumed in; fairseq_dnas/exact_resume.py). And a kill
+the seed of the epoch it resumed in; fairseq_dnas/fairseq_patches/exact_resume.py). And a kill
 while checkpoint_last.pt is being written must leave the previous
 checkpoint_last.pt loadable.
 """
@@ -43,7 +43,7 @@ SMALL = ["--encoder-layers", "2", "--decoder-layers", "1", "--encoder-embed-dim"
 # where the test wants it (a timer would race a 60-updates-a-second model).
 KILLER = textwrap.dedent('''
     import os, signal
-    import fairseq_dnas  # noqa: F401  (models, translation_rouge, checkpoint fixes)
+    import fairseq_dnas.plugin  # noqa: F401  (models, translation_rouge, checkpoint fixes)
     from fairseq.tasks import register_task
     from fairseq_dnas.tasks.translation_rouge import TranslationRougeConfig, TranslationRougeTask
 
@@ -96,7 +96,7 @@ def alone(data, killer, tmp_path_factory):
 
 
 def _state(path):
-    import fairseq_dnas  # noqa: F401  (fairseq checkpoints under torch >= 2.6)
+    import fairseq_dnas.plugin  # noqa: F401  (fairseq checkpoints under torch >= 2.6)
     from fairseq import checkpoint_utils
 
     return checkpoint_utils.load_checkpoint_to_cpu(str(path))
@@ -247,7 +247,7 @@ def test_plain_fairseq_train_stop_then_continue_is_bitwise(plain, tmp_path, arch
 # fairseq's get_train_iterator back): the restart in epoch 2 sees other
 # batches. Shows that the test above can fail, and gives the README's figure.
 WITHOUT_FIX = textwrap.dedent('''
-    import fairseq_dnas  # noqa: F401
+    import fairseq_dnas.plugin  # noqa: F401
     from fairseq.trainer import Trainer
     Trainer.get_train_iterator = Trainer.get_train_iterator.__wrapped__
 ''')
@@ -274,7 +274,7 @@ COPY_AND_DIE = textwrap.dedent('''
     import os, shutil, signal, sys
     new, last, which = sys.argv[1:]
     if which == "plugin":
-        import fairseq_dnas  # noqa: F401  (installs the atomic copy)
+        import fairseq_dnas.plugin  # noqa: F401  (installs the atomic copy)
     from fairseq import checkpoint_utils
     manager = checkpoint_utils.PathManager
     if which == "fairseq":
@@ -334,7 +334,7 @@ def test_kill_while_writing_checkpoint_last_keeps_the_previous_one(tmp_path, whi
     ({"version": 1, "epoch": 3, "iterations_in_epoch": 0}, 3, (3, None)),
 ])
 def test_lr_step_after_load_is_the_uninterrupted_runs(itr_state, epoch, expected):
-    from fairseq_dnas.exact_resume import lr_step_of_uninterrupted_run
+    from fairseq_dnas.fairseq_patches.exact_resume import lr_step_of_uninterrupted_run
     assert lr_step_of_uninterrupted_run({"train_iterator": itr_state, "val_loss": 4.553}, epoch) == expected
 
 
@@ -358,7 +358,7 @@ def test_load_checkpoint_steps_the_scheduler_with_the_saved_validation_loss(tmp_
             self.lr_step(3)  # what fairseq's load_checkpoint does
             return {"train_iterator": {"version": 2, "epoch": 3, "iterations_in_epoch": 0}, "val_loss": 4.553}
 
-    from fairseq_dnas.exact_resume import _install_lr_step_on_load
+    from fairseq_dnas.fairseq_patches.exact_resume import _install_lr_step_on_load
     _install_lr_step_on_load(FakeTrainer)
     trainer = FakeTrainer()
     assert trainer.load_checkpoint("x.pt")["val_loss"] == 4.553

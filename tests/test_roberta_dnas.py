@@ -152,8 +152,8 @@ def test_preset_sizes():
 @pytest.mark.parametrize("mode", ["none", "complete", "complete_doc", "eos"])
 def test_token_block_dataset_every_break_mode(mode):
     # fairseq's TokenBlockDataset names np.compat.long for "eos" (gone in NumPy 2):
-    # fairseq_dnas.numpy_compat makes it work; every mode builds and reads.
-    import fairseq_dnas  # noqa: F401
+    # fairseq_dnas.fairseq_patches.numpy_alias makes it work; every mode builds and reads.
+    import fairseq_dnas.plugin  # noqa: F401
     from fairseq.data import TokenBlockDataset
 
     sentences = [torch.arange(1, n + 1) for n in (5, 3, 7, 1, 4)]
@@ -169,7 +169,7 @@ def test_numpy_shim_is_scoped():
     import fairseq.data.language_pair_dataset as lpd
     import fairseq.data.token_block_dataset as tbd
 
-    import fairseq_dnas  # noqa: F401
+    import fairseq_dnas.plugin  # noqa: F401
 
     assert tbd.np.compat.long is np.int64 and lpd.np.compat.long is np.int64
     assert tbd.np.zeros(2, dtype=tbd.np.compat.long).dtype == np.int64

@@ -7,7 +7,7 @@ import pytest
 from fairseq import checkpoint_utils, metrics, options, tasks
 from recipe_data import make_binarized
 
-import fairseq_dnas  # noqa: F401  (registers the task; torch.load fix for checkpoints)
+import fairseq_dnas.plugin  # noqa: F401  (registers the task; torch.load fix for checkpoints)
 from helpers import ROOT, TINY, USER_DIR, run
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))

@@ -127,9 +127,10 @@ if [ "$DRY_RUN" = 1 ]; then quote_command "${CMD[@]}"; exit 0; fi
 if [ -f "$SAVE_DIR/checkpoint_last.pt" ]; then
   DONE_UPDATES="$("$PYTHON" - "$SAVE_DIR/checkpoint_last.pt" <<'PY'
 import sys
-import fairseq_dnas  # noqa: F401  (makes fairseq's checkpoints loadable with torch >= 2.6)
+import fairseq_dnas.plugin  # noqa: F401  (makes fairseq's checkpoints loadable with torch >= 2.6)
 from fairseq import checkpoint_utils
-from fairseq_dnas.file_checks import BadFile, read_checkpoint
+from fairseq_dnas.errors import BadFile
+from fairseq_dnas.fairseq_patches.file_checks import read_checkpoint
 try:
     state = read_checkpoint(checkpoint_utils.load_checkpoint_to_cpu, sys.argv[1])
 except BadFile as err:

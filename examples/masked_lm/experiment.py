@@ -198,10 +198,10 @@ def main():
     import torch
 
     torch.set_num_threads(args.threads)
-    import fairseq_dnas  # noqa: F401
-    from fairseq_dnas import file_checks
+    import fairseq_dnas.plugin  # noqa: F401
+    from fairseq_dnas import fairseq_patches
 
-    file_checks.install()
+    fairseq_patches.install(only=["file_checks"])
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.jsonl")
     results = read_jsonl(results_path)

@@ -98,17 +98,17 @@ def load_model(path: str, data: str, device: str = "cpu"):
     data folder set to ``data`` (the dictionaries are read from there; for a
     masked_lm checkpoint given a sentence_prediction folder, ``data/input0``).
 
-    FileNotFoundError for a missing file or folder; ``file_checks.BadFile``
+    FileNotFoundError for a missing file or folder; ``errors.BadFile``
     (one line naming the file) for a truncated or corrupt checkpoint, one
     that does not fit the data's dictionary, or a bad data file;
     DataMismatch for a data folder of another kind than the checkpoint's
     task reads (translation data for a RoBERTa checkpoint, or the reverse)."""
-    import fairseq_dnas  # noqa: F401  (fairseq checkpoint loading under torch >= 2.6)
+    import fairseq_dnas.plugin  # noqa: F401  (models, tasks, fairseq checkpoint loading under torch >= 2.6)
     from fairseq import checkpoint_utils
 
-    from fairseq_dnas import file_checks
+    from fairseq_dnas import fairseq_patches
 
-    file_checks.install()  # a bad checkpoint or data file: BadFile naming it
+    fairseq_patches.install(only=["file_checks"])  # a bad checkpoint or data file: BadFile naming it
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if not os.path.isdir(data):

@@ -66,15 +66,15 @@ def read_hybrid_weights(path: str) -> HybridWeights:
     """u per encoder layer and head of an HNAS checkpoint (``transformer_hnas``
     or ``roberta_hnas``, of any task).
 
-    Raises FileNotFoundError for a missing file, ``file_checks.BadFile`` for a
+    Raises FileNotFoundError for a missing file, ``errors.BadFile`` for a
     truncated or corrupt one, and NoHybridWeights for any checkpoint without
     HNAS weights (a plain ``transformer`` or ``roberta``, a DNAS or UNAS
     ``transformer_dnas`` / ``roberta_dnas``).
     """
-    import fairseq_dnas  # noqa: F401  (lets fairseq load checkpoints under torch >= 2.6)
+    import fairseq_dnas.plugin  # noqa: F401  (lets fairseq load checkpoints under torch >= 2.6)
     from fairseq import checkpoint_utils
 
-    from fairseq_dnas.file_checks import read_checkpoint
+    from fairseq_dnas.fairseq_patches.file_checks import read_checkpoint
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")

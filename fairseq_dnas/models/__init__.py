@@ -1,10 +1,12 @@
-"""fairseq model registrations: importing this registers the architectures."""
+"""fairseq model registrations: importing this registers the architectures
+and installs the patches of ``fairseq_dnas.fairseq_patches`` (fairseq's
+``--user-dir`` also imports every module here). A new model family is one
+more import line here, or a new file in this folder."""
 
+from fairseq_dnas import fairseq_patches
 from fairseq_dnas.models.roberta_dnas import RobertaDNASModel
 from fairseq_dnas.models.transformer_dnas import TransformerDNASModel
 
 __all__ = ["RobertaDNASModel", "TransformerDNASModel"]
 
-from fairseq_dnas import register_with_fairseq  # noqa: E402
-
-register_with_fairseq()  # now complete: see fairseq_dnas._register_with_fairseq
+fairseq_patches.install()

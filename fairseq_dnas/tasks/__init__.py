@@ -1,7 +1,8 @@
-"""fairseq tasks of this plugin (fairseq's --user-dir also imports every module here)."""
+"""fairseq tasks of this plugin: importing this registers them and installs
+the patches of ``fairseq_dnas.fairseq_patches`` (fairseq's ``--user-dir``
+imports this package first, then every module here)."""
 
+from fairseq_dnas import fairseq_patches
 from fairseq_dnas.tasks import translation_rouge  # noqa: F401  (registers translation_rouge)
 
-from fairseq_dnas import register_with_fairseq  # noqa: E402
-
-register_with_fairseq()  # now complete: see fairseq_dnas._register_with_fairseq
+fairseq_patches.install()

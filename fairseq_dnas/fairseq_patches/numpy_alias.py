@@ -1,4 +1,4 @@
-"""Let fairseq 0.12's datasets run under NumPy >= 2.0, where ``np.compat`` is gone.
+"""Patch ``numpy_alias``: fairseq 0.12's datasets run under NumPy >= 2.0, where ``np.compat`` is gone.
 
 Two fairseq call sites still name ``np.compat.long`` (NumPy 1.x's alias of
 Python's ``int``, i.e. int64 on the platforms fairseq runs on):
@@ -9,7 +9,7 @@ Python's ``int``, i.e. int64 on the platforms fairseq runs on):
   ``AttributeError: module 'numpy' has no attribute 'compat'``;
 - ``fairseq.data.language_pair_dataset``: ``--num-batch-buckets`` fails the same way.
 
-The fix is scoped, as in ``checkpoint_compat``: the name ``np`` inside those
+The fix is scoped, as in ``checkpoint_load``: the name ``np`` inside those
 two fairseq modules only is replaced by a stand-in that is numpy in every
 respect except that it has ``compat.long = numpy.int64``. numpy itself, and
 every other module, are untouched. A no-op under NumPy 1.x.
@@ -44,7 +44,9 @@ def install() -> None:
         return
     import importlib
 
+    from fairseq_dnas.fairseq_patches import is_patched, mark
+
     for name in MODULES:
         module = importlib.import_module(name)
-        if not isinstance(module.np, _NumpyWithCompat):
-            module.np = _NumpyWithCompat()
+        if not is_patched(module.np):
+            module.np = mark(_NumpyWithCompat(), "numpy_alias")

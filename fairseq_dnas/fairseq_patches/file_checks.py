@@ -1,4 +1,5 @@
-"""Bad checkpoint and data files end in one line that names the file.
+"""Patches ``file_checks`` and ``one_line_errors``: bad checkpoint and data
+files, and bad plugin flags, end in one line.
 
 fairseq meets a truncated checkpoint, a checkpoint of another architecture, or
 an empty or truncated binarized file with a long traceback (or, for a
@@ -12,13 +13,14 @@ good file.
 fairseq's own commands (``fairseq-train``, ``fairseq-generate``,
 ``fairseq-interactive``, ``fairseq-validate``, also as ``python -m
 fairseq_cli.<command>``) import the plugin with ``--user-dir fairseq_dnas``
-before they read any checkpoint or data file; the plugin then calls
-``install_for_command_line()``: the same checks, and a ``sys.excepthook``
-that prints an uncaught ``BadFile`` as its one line ``error: <path>: <what is
-wrong>`` (exit status 1, as for any uncaught exception) and hands every other
-exception to the previous hook, so fairseq's own output for anything else is
-unchanged. In Python (``import fairseq_dnas`` in a notebook or a script of
-your own) nothing is installed: fairseq raises its own exceptions there.
+before they read any checkpoint or data file; ``fairseq_patches.install()``
+then installs these checks and (``install_excepthook``) a ``sys.excepthook``
+that prints an uncaught ``BadFile`` or ``BadFlag`` as its one line ``error:
+<message>`` (exit status 1, as for any uncaught exception) and hands every
+other exception to the previous hook, so fairseq's own output for anything
+else is unchanged. In Python (a notebook or a script of your own) neither is
+installed unless asked for (``install(command_line=True)``): fairseq raises
+its own exceptions there.
 """
 
 import os
@@ -27,15 +29,10 @@ import struct
 import sys
 import zipfile
 
+from fairseq_dnas.errors import BadFile, BadFlag
+from fairseq_dnas.fairseq_patches.checkpoint_load import REFUSED, TRUST_ENV
+
 MMAP_MAGIC = b"MMIDIDX\x00\x00"  # fairseq's MMapIndexedDataset index header
-
-
-class BadFile(Exception):
-    """A checkpoint or data file that cannot be used; str() is the one line."""
-
-    def __init__(self, path, problem):
-        super().__init__(f"{path}: {problem}")
-        self.path = path
 
 
 def _first_line(err: BaseException) -> str:
@@ -53,11 +50,7 @@ def read_checkpoint(load, path, *args, **kwargs):
     try:
         state = load(path, *args, **kwargs)
     except pickle.UnpicklingError as err:
-        if "fairseq-dnas refused" in str(err):  # checkpoint_compat's weights-only refusal
-            # (imported here: checkpoint_compat registers the plugin with fairseq,
-            # which imports this module; a module-level import would be circular)
-            from fairseq_dnas.checkpoint_compat import TRUST_ENV
-
+        if REFUSED in str(err):  # checkpoint_load's weights-only refusal
             raise BadFile(path, "refused to unpickle: it holds a type fairseq never writes into a "
                                 "checkpoint (corrupt, or not a fairseq checkpoint); set "
                                 f"{TRUST_ENV}=1 only if you trust the file") from None
@@ -133,21 +126,34 @@ def read_dictionary(load, f):
     return d
 
 
+def _load_checkpoint_layer(load, trainer, filename, *args, **kwargs):
+    """The layer of ``Trainer.load_checkpoint``: a checkpoint whose
+    parameters do not fit the model is a BadFile naming it."""
+    try:
+        return load(filename, *args, **kwargs)
+    except BadFile:
+        raise
+    except Exception as err:
+        if "Cannot load model parameters from checkpoint" not in str(err):
+            raise
+        raise _architecture_error(filename, err) from None
+
+
 def install() -> None:
     """Wrap fairseq's checkpoint and data readers (idempotent)."""
     from fairseq import checkpoint_utils, trainer
     from fairseq.data import Dictionary, data_utils
 
-    if getattr(checkpoint_utils, "_dnas_file_checks", False):
+    from fairseq_dnas.fairseq_patches import add_load_checkpoint_layer, is_patched, mark
+
+    add_load_checkpoint_layer(trainer.Trainer, "file_checks", _load_checkpoint_layer)
+    if is_patched(checkpoint_utils.load_checkpoint_to_cpu):
         return
-    checkpoint_utils._dnas_file_checks = True
 
     load_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
 
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         return read_checkpoint(load_to_cpu, path, *args, **kwargs)
-
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
     load_ensemble = checkpoint_utils.load_model_ensemble_and_task
 
@@ -159,35 +165,24 @@ def install() -> None:
                 raise
             raise _architecture_error(", ".join(map(str, filenames)), err) from None
 
-    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
-
-    trainer_load = trainer.Trainer.load_checkpoint
-
-    def load_checkpoint(self, filename, *args, **kwargs):
-        try:
-            return trainer_load(self, filename, *args, **kwargs)
-        except BadFile:
-            raise
-        except Exception as err:
-            if "Cannot load model parameters from checkpoint" not in str(err):
-                raise
-            raise _architecture_error(filename, err) from None
-
-    trainer.Trainer.load_checkpoint = load_checkpoint
-
     load_indexed = data_utils.load_indexed_dataset
 
     def load_indexed_dataset(path, *args, **kwargs):
         check_indexed_dataset(path)
         return load_indexed(path, *args, **kwargs)
 
-    data_utils.load_indexed_dataset = load_indexed_dataset
-
     load_dictionary = Dictionary.load.__func__
 
     def load(cls, f):
         return read_dictionary(lambda path: load_dictionary(cls, path), f)
 
+    for wrapper, wrapped in ((load_checkpoint_to_cpu, load_to_cpu), (load_model_ensemble_and_task, load_ensemble),
+                             (load_indexed_dataset, load_indexed), (load, load_dictionary)):
+        wrapper.__wrapped__ = wrapped
+        mark(wrapper, "file_checks")
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+    data_utils.load_indexed_dataset = load_indexed_dataset
     Dictionary.load = classmethod(load)
 
 
@@ -215,21 +210,20 @@ def error_line(err: Exception) -> str:
 
 
 def _excepthook_with_bad_files(previous):
-    from fairseq_dnas.errors import BadFlag
-
     def excepthook(exc_type, exc, tb):
         if isinstance(exc, (BadFile, BadFlag)):
             print(error_line(exc), file=sys.stderr, flush=True)
             return  # the interpreter then exits with status 1, as after any uncaught exception
         previous(exc_type, exc, tb)
 
-    excepthook.dnas_bad_files = True
+    excepthook.__wrapped__ = previous
     return excepthook
 
 
-def install_for_command_line() -> None:
-    """``install()``, and an uncaught BadFile printed as its one line instead
-    of a traceback (idempotent; other exceptions reach the previous hook)."""
-    install()
-    if not getattr(sys.excepthook, "dnas_bad_files", False):
-        sys.excepthook = _excepthook_with_bad_files(sys.excepthook)
+def install_excepthook() -> None:
+    """An uncaught BadFile or BadFlag printed as its one line instead of a
+    traceback (idempotent; other exceptions reach the previous hook)."""
+    from fairseq_dnas.fairseq_patches import is_patched, mark
+
+    if not is_patched(sys.excepthook):
+        sys.excepthook = mark(_excepthook_with_bad_files(sys.excepthook), "one_line_errors")

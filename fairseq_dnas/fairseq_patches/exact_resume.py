@@ -1,4 +1,4 @@
-"""A run resumed inside epoch 2 or later sees the same batches as the run
+"""Patch ``exact_resume``: a run resumed inside epoch 2 or later sees the same batches as the run
 left alone.
 
 fairseq builds the training batches once, when ``fairseq-train`` starts:
@@ -64,13 +64,15 @@ def lr_step_of_uninterrupted_run(extra_state, epoch):
 
 
 def install() -> None:
-    """Wrap ``fairseq.trainer.Trainer.get_train_iterator`` and
-    ``Trainer.load_checkpoint`` (idempotent)."""
+    """Wrap ``fairseq.trainer.Trainer.get_train_iterator`` and ``lr_step``,
+    and add this patch's layer to ``Trainer.load_checkpoint`` (idempotent)."""
     from fairseq import trainer as trainer_module
 
-    if getattr(trainer_module.Trainer.get_train_iterator, "_dnas_exact_resume", False):
-        return
+    from fairseq_dnas.fairseq_patches import is_patched, mark
+
     _install_lr_step_on_load(trainer_module.Trainer)
+    if is_patched(trainer_module.Trainer.get_train_iterator):
+        return
     get_train_iterator = trainer_module.Trainer.get_train_iterator
 
     def get_train_iterator_as_uninterrupted(self, epoch, combine=True, load_dataset=True, data_selector=None,
@@ -79,7 +81,7 @@ def install() -> None:
             return get_train_iterator(self, epoch, combine, load_dataset, data_selector, shard_batch_itr,
                                       disable_iterator_cache)
         logger.info(f"resuming in epoch {epoch}: training set and batches built as in epoch 1, "
-                    "like the run left alone (fairseq_dnas.exact_resume)")
+                    "like the run left alone (fairseq_dnas.fairseq_patches.exact_resume)")
         # What fairseq_cli/train.py does in a run left alone: the iterator of
         # epoch 1 (data loaded, batches built and cached) ...
         get_train_iterator(self, 1, combine, True, data_selector, shard_batch_itr, disable_iterator_cache)
@@ -89,45 +91,49 @@ def install() -> None:
         itr.epoch = epoch  # the cached iterator still says 1; the checkpoint's state sets the rest
         return itr
 
-    get_train_iterator_as_uninterrupted._dnas_exact_resume = True
     get_train_iterator_as_uninterrupted.__wrapped__ = get_train_iterator
     get_train_iterator_as_uninterrupted.__doc__ = get_train_iterator.__doc__
-    trainer_module.Trainer.get_train_iterator = get_train_iterator_as_uninterrupted
+    trainer_module.Trainer.get_train_iterator = mark(get_train_iterator_as_uninterrupted, "exact_resume")
 
 
 def _install_lr_step_on_load(trainer_class) -> None:
     """``load_checkpoint`` calls ``self.lr_step(epoch)`` once, after loading
-    the scheduler state and before the metrics; the wrapper holds that call
-    back and makes, once the checkpoint's ``extra_state`` is known, the call
-    of the uninterrupted run (``lr_step_of_uninterrupted_run``)."""
-    load_checkpoint, lr_step = trainer_class.load_checkpoint, trainer_class.lr_step
+    the scheduler state and before the metrics; ``lr_step`` is wrapped to
+    hold that call back, and this patch's layer of ``load_checkpoint`` makes,
+    once the checkpoint's ``extra_state`` is known, the call of the
+    uninterrupted run (``lr_step_of_uninterrupted_run``). Idempotent."""
+    from fairseq_dnas.fairseq_patches import add_load_checkpoint_layer, is_patched, mark
 
-    def lr_step_held_during_load(self, epoch, val_loss=None):
-        held = getattr(self, "_dnas_held_lr_steps", None)
-        if held is None:
-            return lr_step(self, epoch, val_loss)
-        held.append((epoch, val_loss))
-        return self.get_lr()
+    if not is_patched(trainer_class.lr_step):
+        lr_step = trainer_class.lr_step
 
-    def load_checkpoint_as_uninterrupted(self, *args, **kwargs):
-        self._dnas_held_lr_steps = []
-        try:
-            extra_state = load_checkpoint(self, *args, **kwargs)
-        finally:
-            held, self._dnas_held_lr_steps = self._dnas_held_lr_steps, None
-        for epoch, val_loss in held:
-            if val_loss is None:
-                epoch, val_loss = lr_step_of_uninterrupted_run(extra_state, epoch)
-                if val_loss is not None:
-                    logger.info(f"resuming at the end of epoch {epoch}: learning-rate scheduler stepped with "
-                                f"its validation loss {val_loss:.4g}, like the run left alone "
-                                "(fairseq_dnas.exact_resume)")
-            lr_step(self, epoch, val_loss)
-        return extra_state
+        def lr_step_held_during_load(self, epoch, val_loss=None):
+            held = getattr(self, "_dnas_held_lr_steps", None)
+            if held is None:
+                return lr_step(self, epoch, val_loss)
+            held.append((epoch, val_loss))
+            return self.get_lr()
 
-    lr_step_held_during_load.__wrapped__ = lr_step
-    load_checkpoint_as_uninterrupted.__wrapped__ = load_checkpoint
-    load_checkpoint_as_uninterrupted.__doc__ = load_checkpoint.__doc__
-    lr_step_held_during_load.__doc__ = lr_step.__doc__
-    trainer_class.lr_step = lr_step_held_during_load
-    trainer_class.load_checkpoint = load_checkpoint_as_uninterrupted
+        lr_step_held_during_load.__wrapped__ = lr_step
+        lr_step_held_during_load.__doc__ = lr_step.__doc__
+        trainer_class.lr_step = mark(lr_step_held_during_load, "exact_resume")
+    add_load_checkpoint_layer(trainer_class, "exact_resume", _load_checkpoint_as_uninterrupted)
+
+
+def _load_checkpoint_as_uninterrupted(load, trainer, *args, **kwargs):
+    """The layer of ``Trainer.load_checkpoint``: ``load`` with the scheduler
+    steps it makes held back, then made as the uninterrupted run made them."""
+    trainer._dnas_held_lr_steps = []
+    try:
+        extra_state = load(*args, **kwargs)
+    finally:
+        held, trainer._dnas_held_lr_steps = trainer._dnas_held_lr_steps, None
+    for epoch, val_loss in held:
+        if val_loss is None:
+            epoch, val_loss = lr_step_of_uninterrupted_run(extra_state, epoch)
+            if val_loss is not None:
+                logger.info(f"resuming at the end of epoch {epoch}: learning-rate scheduler stepped with "
+                            f"its validation loss {val_loss:.4g}, like the run left alone "
+                            "(fairseq_dnas.fairseq_patches.exact_resume)")
+        trainer.lr_step(epoch, val_loss)  # no load in progress now: the wrapper passes it through
+    return extra_state
