@@ -18,21 +18,23 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from fairseq_dnas.attention.functional import SCHEMES, check_sinkhorn_iters
+from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.modules import DNASTransformerEncoder
 from fairseq_dnas.modules.dnas_multihead_attention import HYBRID_PER, check_hybrid_init
 
 
 def validate_attention_args(args) -> None:
-    """Reject bad scheme settings at build time, saying what to change."""
+    """Reject bad scheme settings at build time with a BadFlag saying what to
+    change (fairseq's commands print it as one line ``error: ...``)."""
     scheme = getattr(args, "encoder_attention_scheme", None)
     if scheme not in SCHEMES:
-        raise ValueError(
+        raise BadFlag(
             f"--encoder-attention-scheme {scheme!r} is unknown; choose one of "
             f"{', '.join(SCHEMES)}"
         )
     decoder_scheme = getattr(args, "decoder_attention_scheme", "unas")
     if decoder_scheme != "unas":
-        raise ValueError(
+        raise BadFlag(
             f"--decoder-attention-scheme {decoder_scheme} is not possible: DNAS "
             "normalizes every key over all queries, and during incremental "
             "(step-by-step) decoding the future decoder queries do not exist yet. "
@@ -42,13 +44,16 @@ def validate_attention_args(args) -> None:
     try:
         check_sinkhorn_iters(args.sinkhorn_iters)
     except ValueError:
-        raise ValueError(
+        raise BadFlag(
             f"--sinkhorn-iters must be an integer >= 1 (1 is the paper's DNAS, "
             f"more approach a doubly-stochastic matrix); got {args.sinkhorn_iters!r}"
         ) from None
-    check_hybrid_init(args.hybrid_init)
+    try:
+        check_hybrid_init(args.hybrid_init)  # its message names --hybrid-init and what to use instead
+    except ValueError as err:
+        raise BadFlag(str(err)) from None
     if args.hybrid_weight_per not in HYBRID_PER:
-        raise ValueError(
+        raise BadFlag(
             f"--hybrid-weight-per must be one of {', '.join(HYBRID_PER)}; got "
             f"{args.hybrid_weight_per!r}"
         )

@@ -31,6 +31,8 @@ from fairseq import metrics, utils
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from fairseq_dnas.errors import BadFlag
+
 logger = logging.getLogger(__name__)
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -90,13 +92,14 @@ class TranslationRougeTask(TranslationTask):
             from rouge_score import rouge_scorer
 
             if self.cfg.eval_rouge_max_sentences < 0:
-                raise ValueError("--eval-rouge-max-sentences must be >= 0 (0: the whole set)")
+                raise BadFlag(f"--eval-rouge-max-sentences must be >= 0 (0: the whole set); got "
+                              f"{self.cfg.eval_rouge_max_sentences}")
             try:
                 gen_args = json.loads(self.cfg.eval_rouge_args or "{}")
                 if not isinstance(gen_args, dict):
                     raise ValueError("not an object")
             except ValueError as err:  # JSONDecodeError is a ValueError
-                raise ValueError(
+                raise BadFlag(
                     f"--eval-rouge-args must be a JSON object such as "
                     f"'{{\"beam\": 4}}'; got {self.cfg.eval_rouge_args!r} ({err})"
                 ) from None
