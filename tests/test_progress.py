@@ -106,6 +106,32 @@ def test_train_log_of_the_recipe_gives_updates_loss_time_left_and_validations():
     assert q.left(4.0) == pytest.approx(4.0) and q.left(6.0) == pytest.approx(2.0) and q.left(9.0) == 0
 
 
+def _quickstart_log(total=1500, per_epoch=157, interval=50):
+    """fairseq-train's log of the Gigaword quickstart's shape (10,000 pairs,
+    64 a batch: 157 updates an epoch, --log-interval 50, 1,500 updates,
+    validation only at the end), as scripts/run_fairseq.py logs it."""
+    lines = []
+    for n in range(1, total + 1):
+        epoch, i = (n - 1) // per_epoch + 1, (n - 1) % per_epoch + 1
+        if i == 1:
+            lines.append(f"INFO:fairseq.trainer:begin training epoch {epoch}")
+        if n % interval == 0:
+            lines.append(f"INFO:train_inner:epoch {epoch:03d}:  {i:5d} / {per_epoch} loss={9 - n / 500:.3f}, "
+                         f"ppl=99, wps=1000, ups=2, wpb=900, bsz=64, num_updates={n}, lr=0.001, wall={n}")
+        if i == per_epoch:
+            lines.append(f"INFO:train:epoch {epoch:03d} | loss 5.2 | ppl 36 | num_updates {n} | lr 0.001")
+    return "\n".join(lines) + "\n"
+
+
+def test_off_a_terminal_the_quickstart_shows_every_progress_line_fairseq_logs():
+    """The quickstart's 1,500 updates logged every 50: the console's 5% step
+    (75 updates) must not swallow one log line in three (updates 200, 350,
+    500, ... never showed)."""
+    _, out = _replay(_quickstart_log(), total=1500, step=5)
+    shown = [int(line.split()[2].split("/")[0]) for line in out.splitlines() if line.startswith("[train] update ")]
+    assert shown == list(range(50, 1501, 50))
+
+
 def test_fairseq_train_layout_and_json_format_read_the_same():
     p, out = _replay(FAIRSEQ_TRAIN_LOG, total=12, step=5)
     assert p.done == 9 and p.loss == "5.683"
