@@ -29,6 +29,7 @@ import plot_hybrid_weights  # noqa: E402
 import rouge_eval  # noqa: E402
 import seed_table  # noqa: E402
 
+import fairseq_dnas.plugin  # noqa: E402,F401  (models, tasks, checkpoint loading under torch >= 2.6)
 from fairseq_dnas.fairseq_patches import file_checks  # noqa: E402
 
 SMALL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",

@@ -231,8 +231,10 @@ def test_importing_fairseq_dnas_nn_neither_needs_nor_imports_fairseq():
         "print(tuple(MultiheadAttention(8, 2, scheme='hnas')(x, x, x)[0].shape))\n"
     )
     assert without == ["(3,", "2,", "8)"]
-    # fairseq installed (as here): not imported by fairseq_dnas.nn; the plugin
-    # registers itself when fairseq is imported later.
+    # fairseq installed (as here): not imported by fairseq_dnas.nn, and not
+    # changed by it when imported later (tests/test_fairseq_patches.py checks
+    # every patched symbol); ``import fairseq_dnas.plugin`` registers the
+    # plugin and installs its patches.
     later = _python(
         "import sys\n"
         "import fairseq_dnas.nn\n"
@@ -240,5 +242,7 @@ def test_importing_fairseq_dnas_nn_neither_needs_nor_imports_fairseq():
         "from fairseq.models import ARCH_MODEL_REGISTRY\n"
         "from fairseq import checkpoint_utils\n"
         "print('transformer_hnas' in ARCH_MODEL_REGISTRY, type(checkpoint_utils.torch).__name__)\n"
+        "import fairseq_dnas.plugin\n"
+        "print('transformer_hnas' in ARCH_MODEL_REGISTRY, type(checkpoint_utils.torch).__name__)\n"
     )
-    assert later == ["False", "True", "_TorchWithLoad"]
+    assert later == ["False", "False", "module", "True", "_TorchWithLoad"]
