@@ -13,8 +13,7 @@ Without CUDA there is nothing to check (the kernels run on CUDA only) and
 the command says so; ``--interpret`` runs the kernels on CPU under Triton's
 interpreter on tiny inputs instead (slow: about 2-5 s per configuration;
 float16 and float32 only, since the interpreter's bfloat16 ``tl.dot`` is
-wrong). ``FAIRSEQ_DNAS_TRITON_FAULT`` (a test hook, ``selfcheck.py``) makes
-chosen configurations disagree.
+wrong).
 """
 
 import argparse
@@ -29,7 +28,7 @@ import torch
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 HEADS = (64, 128)
-SCHEMES = ("dnas", "hnas")
+KERNEL_SCHEMES = ("dnas", "hnas")  # what the Triton kernels compute (unas is torch's own attention)
 SINKHORN = (1, 3)
 SPEED_SIZES = dict(batch=8, heads=16, length=1024, head_dim=64)  # a long-ish encoder batch
 
@@ -52,7 +51,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="comma-separated (default: all)")
     parser.add_argument("--heads", type=_list("--heads", tuple(map(str, HEADS))), default=list(map(str, HEADS)),
                         help="head sizes, comma-separated (default: 64,128)")
-    parser.add_argument("--schemes", type=_list("--schemes", SCHEMES), default=list(SCHEMES),
+    parser.add_argument("--schemes", type=_list("--schemes", KERNEL_SCHEMES), default=list(KERNEL_SCHEMES),
                         help="comma-separated (default: dnas,hnas)")
     parser.add_argument("--sinkhorn", type=_list("--sinkhorn", tuple(map(str, SINKHORN))),
                         default=list(map(str, SINKHORN)), help="Sinkhorn iterations, comma-separated (default: 1,3)")

@@ -50,11 +50,6 @@ def _full_by_markexpr(config):
     return re.search(r"\bfull\b", config.getoption("markexpr") or "") is not None
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "full: exhaustive tier, skipped unless pytest --full (or -m full); docs/testing.md")
-
-
 # The order in which the README's ``-n 2 --dist loadfile`` hands files to
 # the two workers: the longest first (longest-processing-time-first
 # scheduling), so that no long recipe chain starts while the other worker

@@ -5,9 +5,7 @@ import torch
 from conftest import padding_mask
 from reference import reference_probs
 
-from fairseq_dnas import attention_probs
-
-SCHEMES = ["unas", "dnas", "hnas"]
+from fairseq_dnas import SCHEMES, attention_probs
 
 
 def _case(batch=3, heads=4, t=7, lengths=(7, 5, 2), left_pad=True, scale=3.0, dtype=torch.float32):

@@ -2,8 +2,8 @@
 
 On CPU: without ``--interpret`` it says there is nothing to check (exit 0);
 with it, the kernels run under Triton's interpreter on tiny inputs (a few
-configurations here, to stay fast). A configuration made to disagree
-(``FAIRSEQ_DNAS_TRITON_FAULT``, the test hook) or to fail gives exit status 1.
+configurations here, to stay fast). A configuration made to disagree (the
+kernels' output shifted by a monkeypatch) or to fail gives exit status 1.
 """
 
 import os
@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from fairseq_dnas import check
-from fairseq_dnas.attention import selfcheck
 
 pytest.importorskip("triton", reason="triton is not installed (scripts/install.sh installs it)")
 
@@ -23,8 +22,7 @@ SMALL = ["--heads", "64", "--sinkhorn", "1"]
 
 
 def _run(*args, env=None):
-    full_env = {k: v for k, v in os.environ.items() if k != selfcheck.FAULT_ENV}
-    full_env.update(env or {})
+    full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "fairseq_dnas.check", *args], capture_output=True, text=True,
                           env=full_env, timeout=300)
 
@@ -49,14 +47,23 @@ def test_interpret_checks_the_kernels_and_skips_bfloat16():
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter run is the CPU stand-in for the GPU run")
-def test_a_disagreeing_configuration_fails_the_command():
-    r = _run("--interpret", "--dtypes", "float32", "--dropout", "off", *SMALL,
-             env={selfcheck.FAULT_ENV: "hnas"})
-    assert r.returncode == 1, r.stdout + r.stderr
-    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith(("dnas ", "hnas "))}
+def test_a_disagreeing_configuration_fails_the_command(monkeypatch, capsys):
+    from fairseq_dnas.attention import triton_flash
+
+    kernels = triton_flash.triton_attention
+
+    def off_by_a_tenth_for_hnas(*args, **kwargs):  # HNAS: the calls with a hybrid weight
+        out = kernels(*args, **kwargs)
+        return out + 0.1 if kwargs.get("hybrid_weight") is not None else out
+
+    monkeypatch.setattr(triton_flash, "triton_attention", off_by_a_tenth_for_hnas)
+    rc = check.main(["--interpret", "--dtypes", "float32", "--dropout", "off", *SMALL])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("dnas ", "hnas "))}
     assert rows["dnas"].endswith(" ok")
     assert rows["hnas"].endswith("DISAGREES") and "1.00e-01" in rows["hnas"]
-    assert "1 of 2 configurations DISAGREE" in r.stdout
+    assert "1 of 2 configurations DISAGREE" in out
 
 
 def test_a_kernel_that_fails_to_run_fails_the_command(monkeypatch, capsys):

@@ -11,13 +11,12 @@ import torch
 from conftest import padding_mask
 from reference import reference_probs, reference_self_attention
 
-from fairseq_dnas.attention import fused, kernels, primitives
+from fairseq_dnas.attention import SCHEMES, fused, kernels, primitives
 from fairseq_dnas.attention.kernels import attend, choose_path
 from fairseq_dnas.modules import DNASMultiheadAttention
 
 FAST_PATHS = ["dense", "flash", "blockwise"]
 PATHS = ["materialized", *FAST_PATHS]
-SCHEMES = ["unas", "dnas", "hnas"]
 LENGTHS = (9, 6, 1)  # a one-token sentence: its only key column is its only query
 
 

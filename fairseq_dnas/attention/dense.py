@@ -19,21 +19,13 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_dnas.attention.functional import NEG, compute_dtype
+from fairseq_dnas.attention.functional import NEG, broadcast_masks, compute_dtype
 
 
 # A row whose normalizer falls below this is recomputed in the log domain:
 # far from float32's smallest normal number (1.2e-38), so every probability
 # that matters keeps full precision.
 TINY = 1e-30
-
-
-def _masks(kpad: Optional[Tensor], qpad: Optional[Tensor]):
-    """Key padding (B, T_k) and query padding (B, T_q) -> keys (B, 1, 1, T_k),
-    queries (B, 1, T_q, 1); either may be None."""
-    kmask = None if kpad is None else kpad[:, None, None, :]
-    qmask = None if qpad is None else qpad[:, None, :, None]
-    return kmask, qmask
 
 
 def _scores(q: Tensor, k: Tensor, kmask, qmask) -> Tensor:
@@ -98,7 +90,7 @@ def _unas_log_(s: Tensor, qmask) -> Tensor:
 
 def dnas_forward(q, k, kpad, qpad):
     """pi_D (B, H, T_q, T_k) and exp(r) (B, H, T_q, 1) from scaled q, k."""
-    kmask, qmask = _masks(kpad, qpad)
+    kmask, qmask = broadcast_masks(kpad, qpad)
     s = _scores(q, k, kmask, qmask)
     if s.is_cuda:  # checking for underflow would synchronize with the host: log domain at once
         return _dnas_log_(s, kmask, qmask)
@@ -115,7 +107,7 @@ def hnas_forward(q, k, kpad, qpad):
     g = max_j m_j, the weights exp(m_j - g) <= 1 make it
     e[i, j] exp(m_j - g) / sum_j' (...), computed before e is normalized.
     """
-    kmask, qmask = _masks(kpad, qpad)
+    kmask, qmask = broadcast_masks(kpad, qpad)
     s = _scores(q, k, kmask, qmask)
     if s.is_cuda:  # no host synchronization (see dnas_forward)
         p_u = _unas_log_(s, qmask)
@@ -176,7 +168,7 @@ class DenseDNAS(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, p, exp_r, kpad = ctx.saved_tensors
-        ds = _dnas_grad(p, exp_r, g, _masks(kpad, None)[0]).to(q.dtype)
+        ds = _dnas_grad(p, exp_r, g, broadcast_masks(kpad, None)[0]).to(q.dtype)
         return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), None, None
 
 
@@ -193,7 +185,7 @@ class DenseHNAS(torch.autograd.Function):
         q, k, u, p_d, exp_r, p_u, kpad = ctx.saved_tensors
         uu = u.to(g.dtype).view(1, -1, 1, 1)
         du = (_dot_per_head(g, p_d) - _dot_per_head(g, p_u)).to(u.dtype)  # dL/du = <G, pi_D - pi_U>
-        ds = _dnas_grad(p_d, exp_r, g, _masks(kpad, None)[0], scale=uu)
+        ds = _dnas_grad(p_d, exp_r, g, broadcast_masks(kpad, None)[0], scale=uu)
         ds = ds.add_(_softmax_grad(p_u, g).mul_(1.0 - uu)).to(q.dtype)
         return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), du, None, None
 

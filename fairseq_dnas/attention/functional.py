@@ -187,6 +187,13 @@ def attention_probs(
     _check_mask(query_padding_mask, "query_padding_mask", batch, t_q)
     if scheme == "hnas":
         check_hybrid_weight(hybrid_weight, heads)
+    return scheme_probs(scores, scheme, key_padding_mask, query_padding_mask, hybrid_weight, sinkhorn_iters)
+
+
+def scheme_probs(scores, scheme, key_padding_mask, query_padding_mask, hybrid_weight, sinkhorn_iters) -> Tensor:
+    """``attention_probs`` without its argument checks (for callers that
+    checked them at build time): the compute dtype, the (B, T) padding masks
+    broadcast, and the scheme's function."""
     s = scores.to(compute_dtype(scores.dtype))
     kmask, qmask = broadcast_masks(key_padding_mask, query_padding_mask)
     if scheme == "unas":

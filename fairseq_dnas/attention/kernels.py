@@ -100,13 +100,7 @@ def materialized_probs(
 ) -> Tensor:
     """Probabilities from a materialized (B, H, T_q, T_k) score matrix;
     ``padding_mask`` pads the keys, ``query_padding_mask`` the queries."""
-    s = scores.to(AF.compute_dtype(scores.dtype))
-    kmask, qmask = AF.broadcast_masks(padding_mask, query_padding_mask)
-    if scheme == "unas":
-        return AF.unas_probs(s, kmask, qmask)
-    if scheme == "dnas":
-        return AF.dnas_probs(s, kmask, qmask, sinkhorn_iters)
-    return AF.hnas_probs(s, hybrid_weight, kmask, qmask, sinkhorn_iters)
+    return AF.scheme_probs(scores, scheme, padding_mask, query_padding_mask, hybrid_weight, sinkhorn_iters)
 
 
 def triton_problem(q: Tensor) -> Optional[str]:
@@ -181,7 +175,9 @@ def choose_path(
     need_weights: bool = False,
     path: Optional[str] = None,
 ) -> str:
-    """The concrete path ('materialized', 'dense', 'flash' or 'blockwise').
+    """The concrete path: 'materialized', 'dense', 'flash', 'blockwise' or
+    'triton' ('fused' resolves to 'flash' or 'blockwise'; 'auto' to 'triton'
+    on CUDA where the kernels run, else to ``fallback_path``).
 
     ``path`` None reads ``FAIRSEQ_DNAS_ATTENTION_PATH`` (default 'auto'). A
     forced path that cannot run these settings raises ValueError saying why.

@@ -44,10 +44,6 @@ from torch import Tensor
 from fairseq_dnas.attention import functional as AF
 
 CHECK_ENV = "FAIRSEQ_DNAS_TRITON_CHECK"
-# Test hook, not for users: "all" or a scheme ("dnas", "hnas") adds 0.1 to the
-# kernels' output inside ``compare`` for those configurations, so that tests
-# (and anyone who wants to see the fallback act) can make the check disagree.
-FAULT_ENV = "FAIRSEQ_DNAS_TRITON_FAULT"
 # Device types on which ``triton_usable`` runs the check. Tests add "cpu" to
 # drive it under Triton's interpreter.
 CHECK_DEVICES = ("cuda",)
@@ -189,9 +185,6 @@ def compare(config: Config, *, batch: int, heads: int, length: int) -> Result:
             out = triton_flash.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
                                                 query_padding_mask=mask, dropout_p=p, seed=seed,
                                                 sinkhorn_iters=config.sinkhorn_iters)
-            fault = os.environ.get(FAULT_ENV, "")
-            if fault in ("all", config.scheme):  # the test hook (FAULT_ENV)
-                out = out + 0.1
             inputs = (q, k, v) if u is None else (q, k, v, u)
             grad = grad64.to(device, config.dtype)
             grads = torch.autograd.grad(out, inputs, grad)

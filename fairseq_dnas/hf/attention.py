@@ -17,8 +17,8 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fairseq_dnas.attention import kernels
+from fairseq_dnas.attention.functional import SCHEMES
 
-SCHEMES = ("unas", "dnas", "hnas")
 ROLE_ATTR = "dnas_role"  # set on each attention module by enable(): self, causal or cross
 CROSS_NAMES = ("encoder_attn", "crossattention", "cross_attention", "EncDecAttention")
 

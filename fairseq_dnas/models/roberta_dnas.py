@@ -79,10 +79,7 @@ class RobertaDNASModel(RobertaModel):
     def hybrid_weights(self):
         """u per encoder layer and head as a (layers, heads) list of lists,
         or None unless the encoder is HNAS."""
-        mods = self.attention_modules()
-        if not mods or mods[0].hybrid_weight is None:
-            return None
-        return [m.hybrid_weight.detach().cpu().tolist() for m in mods]
+        return self.encoder.sentence_encoder.hybrid_weights()
 
     def set_num_updates(self, num_updates):
         """Log u per layer with the training loss (as transformer_hnas does)."""

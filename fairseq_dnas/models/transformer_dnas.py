@@ -116,10 +116,7 @@ class TransformerDNASModel(TransformerModel):
     def hybrid_weights(self):
         """u per encoder layer and head as a (layers, heads) list of lists,
         or None unless the encoder is HNAS."""
-        mods = self.encoder.attention_modules()
-        if not mods or mods[0].hybrid_weight is None:
-            return None
-        return [m.hybrid_weight.detach().cpu().tolist() for m in mods]
+        return self.encoder.hybrid_weights()
 
     def set_num_updates(self, num_updates):
         """fairseq calls this before every training forward (``train_step``);

@@ -63,3 +63,11 @@ class DNASTransformerEncoder(TransformerEncoderBase):
     def attention_modules(self):
         """The encoder's DNASMultiheadAttention modules, bottom layer first."""
         return [m for m in self.modules() if isinstance(m, DNASMultiheadAttention)]
+
+    def hybrid_weights(self):
+        """u per encoder layer and head as a (layers, heads) list of lists,
+        or None unless the encoder is HNAS (the models' ``hybrid_weights()``)."""
+        mods = self.attention_modules()
+        if not mods or mods[0].hybrid_weight is None:
+            return None
+        return [m.hybrid_weight.detach().cpu().tolist() for m in mods]
