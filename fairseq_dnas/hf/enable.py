@@ -8,13 +8,14 @@ loads a model saved after ``enable``: transformers drops the weights its
 classes do not define, so the HNAS logits are read back from the files.
 """
 
-import functools
-import inspect
 import json
 import os
 from typing import List, Tuple
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fairseq_dnas.attention.hybrid import HYBRID_PER, hybrid_logit
 from fairseq_dnas.hf.attention import ROLE_ATTR, SCHEMES, infer_role, register
@@ -23,23 +24,52 @@ TESTED = "BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART (encoder
 LOGIT = "hybrid_logit"
 
 
-@functools.lru_cache(maxsize=None)
-def _routes_through_interface(cls) -> bool:
-    """Whether ``cls.forward`` calls transformers' AttentionInterface."""
+PROBE = "dnas_probe"  # the implementation name of the probe forward
+
+
+def _interface_callers(model) -> list:
+    """The modules that call the attention function transformers takes from
+    its AttentionInterface, found by what the model does: one forward of its
+    dummy inputs under a registered probe implementation that records each
+    module calling it (and computes as ``sdpa``). Empty when transformers
+    refuses to set the implementation (a model that does not use the
+    interface) or the forward never reaches it."""
+    called = []
+
+    def probe(module, query, key, value, attention_mask, **kwargs):
+        if all(m is not module for m in called):
+            called.append(module)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(PROBE, probe)
+    AttentionMaskInterface.register(PROBE, sdpa_mask)
+    previous, was_training = model.config._attn_implementation, model.training
     try:
-        source = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-    return "ALL_ATTENTION_FUNCTIONS" in source
+        model.set_attn_implementation(PROBE)
+        if model.config._attn_implementation != PROBE:
+            return []
+        model.eval()
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            model(**{k: v.to(device) for k, v in model.dummy_inputs.items()})
+    except Exception as err:  # noqa: BLE001 (any model: say which one and why)
+        raise ValueError(f"{type(model).__name__}: the probe forward (its dummy_inputs) that finds the attention "
+                         f"modules failed ({type(err).__name__}: {err})") from None
+    finally:
+        if model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
+        model.train(was_training)
+    return called
 
 
 def attention_modules(model) -> List[Tuple[str, torch.nn.Module, str]]:
     """(name, module, role) of every attention module that calls the
-    interface, in model order (encoder layers bottom first). A module shared
-    by several layers (ALBERT) appears once."""
+    interface (``_interface_callers``), in model order (encoder layers bottom
+    first). A module shared by several layers (ALBERT) appears once."""
+    callers = {id(m) for m in _interface_callers(model)}
     seen, found = set(), []
     for name, module in model.named_modules():
-        if id(module) in seen or not _routes_through_interface(type(module)):
+        if id(module) in seen or id(module) not in callers:
             continue
         seen.add(id(module))
         found.append((name, module, infer_role(module, name)))
