@@ -11,6 +11,8 @@ from bench_common import USER_DIR, CpuLoad, log, timed_rounds
 def model_args(arch, extra):
     from fairseq import options
 
+    import fairseq_dnas.plugin  # noqa: F401  (--user-dir registers nothing: fairseq_dnas is already imported)
+
     parser = options.get_training_parser()
     return options.parse_args_and_arch(
         parser, ["unused-data", "--task", "translation", "--arch", arch, "--user-dir", USER_DIR,

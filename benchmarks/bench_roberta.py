@@ -48,6 +48,8 @@ def build(size, vocab, length, extra):
         d.add_symbol(f"wp{i}")
     d.add_symbol("<mask>")
     models = {}
+    import fairseq_dnas.plugin  # noqa: F401  (--user-dir registers nothing: fairseq_dnas is already imported)
+
     for arch in ARCHS:
         parser = options.get_training_parser()
         args = options.parse_args_and_arch(parser, [

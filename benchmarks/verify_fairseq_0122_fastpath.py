@@ -132,6 +132,8 @@ def build(data_dir, arch, extra=()):
     """(model, args) built the way fairseq-train builds it."""
     from fairseq import options, tasks
 
+    import fairseq_dnas.plugin  # noqa: F401  (what --user-dir does, also when fairseq_dnas is already imported)
+
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [
         data_dir, "--arch", arch, "--user-dir", USER_DIR, "-s", "src", "-t", "tgt",
