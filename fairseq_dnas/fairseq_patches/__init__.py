@@ -182,6 +182,6 @@ def add_load_checkpoint_layer(trainer_class, patch_name: str, layer) -> None:
         load_checkpoint._fairseq_dnas_layers = layers
         load_checkpoint.__wrapped__ = original
         load_checkpoint.__doc__ = original.__doc__
-        mark(load_checkpoint, "+".join(LOAD_CHECKPOINT_LAYERS))
+        mark(load_checkpoint, "load_checkpoint_layers")
         trainer_class.load_checkpoint = load_checkpoint
     layers.setdefault(patch_name, layer)
