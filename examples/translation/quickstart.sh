@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole translation recipe on a CPU in a few minutes (Multi30k de-en):
+# The whole translation recipe on a CPU in about 2 minutes (Multi30k de-en):
 #
 #   MULTI30K_DIR=../shared/data/multi30k bash examples/translation/quickstart.sh
 #
