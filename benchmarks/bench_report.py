@@ -96,7 +96,7 @@ def target_report(res, long_lengths):
 
 
 def render_markdown(res):
-    """The tables of docs/performance.md from a result dict."""
+    """The benchmark's Markdown tables (as in docs/results/) from a result dict."""
     lines = []
     mod = res.get("module")
     if mod:

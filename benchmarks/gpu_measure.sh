@@ -6,7 +6,7 @@
 # gpu.json, gpu.md, tuned.json and tuned.md to OUT_DIR.
 # About 20 minutes on an H100 in all; the lent machine runs at most 10
 # minutes a command, so there run one step a call (STEPS=tests, then tiles,
-# then benchmark, then tuned; see ../shared/docs/gpu.md for the rest).
+# then benchmark, then tuned; see docs/performance.md#running-on-a-gpu).
 #
 #   bash benchmarks/gpu_measure.sh                       # after scripts/install.sh (TORCH_SPEC=torch)
 #   STEPS=tiles OUT_DIR=$OUT bash benchmarks/gpu_measure.sh

@@ -34,7 +34,7 @@ waits for the one before; "wgmma serialized by ptxas" on the variant's line).
 instructions come from.
 
     python benchmarks/triton_spills.py                         # fp16/bf16/fp32 x head size 64/128
-    python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table of docs/performance.md
+    python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table (docs/results/)
     python benchmarks/triton_spills.py --cases fp16:64 --no-report
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
 
@@ -266,7 +266,7 @@ def dropout_pairs(rows):
 
 
 def markdown_table(rows):
-    """The per-kernel table of docs/performance.md: each kernel that draws
+    """The per-kernel table of the compiler figures in docs/results/: each kernel that draws
     dropout, DNAS/HNAS (without Sinkhorn), its loop without and with dropout."""
     out = ["| case | kernel | scheme | tile | registers | spills (B) | shared (KB) | matmuls "
            "| loop instr. p=0 | loop instr. p=0.1 | ratio | instr./score p=0 | instr./score p=0.1 |",

@@ -200,7 +200,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     dtypes = list(args.dtypes)
     if args.interpret and "bfloat16" in dtypes:
         dtypes.remove("bfloat16")
-        print("bfloat16: skipped: Triton's interpreter computes bfloat16 tl.dot wrongly (docs/gpu.md); "
+        print("bfloat16: skipped: Triton's interpreter computes bfloat16 tl.dot wrongly (docs/performance.md); "
               "on a GPU the command checks it")
     sizes = selfcheck.CUDA_SIZES if device.type == "cuda" else selfcheck.INTERPRETER_SIZES
     print(f"each row: B {sizes['batch']} x H {sizes['heads']} x T {sizes['length']}, padding on, forward and "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every picture of docs/analysis.md into docs/images/.
 #
-#   GIGAWORD_DIR=../shared/data/gigaword/sumdata bash scripts/make_analysis_pictures.sh
+#   GIGAWORD_DIR=/path/to/sumdata bash scripts/make_analysis_pictures.sh
 #
 # What it does: binarizes the 10k-pair Gigaword training sample (whitespace
 # words, one joined vocabulary of VOCAB words), trains three small models

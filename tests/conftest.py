@@ -55,8 +55,9 @@ def _full_by_markexpr(config):
 # scheduling), so that no long recipe chain starts while the other worker
 # runs out of work. xdist's own order (files with more tests first, kept out
 # by ``--no-loadscope-reorder`` in pytest.ini) put the one-test chains last.
-# By measured seconds of the default tier (docs/testing.md); files not named
-# follow in collection order.
+# By measured seconds of the default tier
+# (docs/results/2026-11-25-test-times-third-change.md); files not named follow
+# in collection order.
 LONG_FILES_FIRST = (
     "test_gigaword_recipe.py", "test_triton.py", "test_translation_recipe.py", "test_resume.py",
     "test_triton_tiles.py", "test_masked_lm_recipe.py", "test_bad_files.py", "test_plain_commands.py",
@@ -72,7 +73,7 @@ LONG_FILES_FIRST = (
 # file along at the start, and the compile sweep's worker (two tests) the
 # fourth: short files there, so that the long ones go to the worker that is
 # free (the full tier took 1,005 s before, 643 s after this change and the
-# others of docs/testing.md's third change).
+# others of the third change: docs/results/2026-11-25-test-times-third-change.md).
 FULL_TIER_ORDER = (
     "test_gigaword_recipe.py", "test_triton_tiles.py", "test_plain_commands.py", "test_triton_safety.py",
     "test_triton.py", "test_resume.py",

@@ -58,7 +58,7 @@ def test_quick_benchmark_writes_json(tmp_path):
     names = {t["target"] for t in res["targets"]}
     assert {"module_128_dnas_time", "long_dnas_memory", "long_exact", "model_dnas_time"} <= names
 
-    # --render turns the JSON back into the tables of docs/performance.md.
+    # --render turns the JSON back into the tables of docs/results/.
     md = subprocess.run([sys.executable, SCRIPT, "--render", str(out)], cwd=ROOT, capture_output=True,
                         text=True, timeout=120)
     assert md.returncode == 0, md.stderr[-2000:]

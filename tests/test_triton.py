@@ -30,7 +30,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 def _needs_working_dot(dtype):
     if dtype == torch.bfloat16 and DEVICE == "cpu":
-        pytest.skip("Triton's interpreter returns garbage for bfloat16 tl.dot (../shared/docs/gpu.md); "
+        pytest.skip("Triton's interpreter returns garbage for bfloat16 tl.dot (docs/performance.md#testing-the-kernels-without-a-gpu); "
                     "bfloat16 runs on the GPU, and the sm_90 compile test covers its kernels here")
 
 

@@ -14,7 +14,7 @@
 #   bin/   fairseq-preprocess output (--joined-dictionary): what train.sh reads
 #
 # Time: full corpus (3.8M pairs) about 30-40 min on 8 cores (SentencePiece on a
-# 2M-line sample, then encoding); the 10k-pair sample under ../shared about
+# 2M-line sample, then encoding); a 10k-pair training sample about
 # 30 s on 2 cores. Safe to re-run: finished steps are skipped; a changed
 # setting is refused (use another OUT_DIR).
 set -euo pipefail

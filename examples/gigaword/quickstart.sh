@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole Gigaword recipe on a CPU-sized slice, in a few minutes:
+# The whole Gigaword recipe on a CPU-sized slice, in about 9 minutes on 2 cores:
 #
 #   bash scripts/install.sh && bash examples/gigaword/quickstart.sh
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare parallel text for fairseq: check -> joint SentencePiece -> binarize.
 #
-#   MULTI30K_DIR=../shared/data/multi30k bash examples/translation/prepare.sh OUT_DIR
+#   MULTI30K_DIR=/path/to/multi30k bash examples/translation/prepare.sh OUT_DIR
 #   TRAIN_PREFIX=my/train VALID_PREFIX=my/dev TEST_PREFIXES="my/test1 my/test2" \
 #     SRC=fr TGT=en bash examples/translation/prepare.sh OUT_DIR
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole translation recipe on a CPU in a few minutes (Multi30k de-en):
+# The whole translation recipe on a CPU in about 2 minutes (Multi30k de-en):
 #
-#   MULTI30K_DIR=../shared/data/multi30k bash examples/translation/quickstart.sh
+#   MULTI30K_DIR=/path/to/multi30k bash examples/translation/quickstart.sh
 #
 # prepare.sh (all 29,000 training pairs, 4,000 joint SentencePiece pieces, the
 # first 100 validation and 200 pairs of each test set) -> train.sh (a tiny

@@ -9,7 +9,8 @@ probabilities, and the backward is the closed form of ``fused.py``:
     ds[i, j] = P[i, j] (G[i, j] - D_i + exp(r_i) dc[j]),
     D_i = sum_j P[i, j] G[i, j],   dc[j] = -sum_i P[i, j] (G[i, j] - D_i)
 
-for G = dL/dP (exp(r_i) P[i, j] is the column softmax xi[i, j]). This path
+for G = dL/dP (exp(r_i) P[i, j] is the column softmax xi[i, j];
+``docs/math.md#the-closed-form-backward``). This path
 returns the probabilities, so attention dropout and ``need_weights`` work on
 it as on fairseq's own math path; it is the fastest for short sequences.
 """

@@ -1,6 +1,6 @@
 """DNAS/HNAS attention without a T x T matrix, forward and backward.
 
-The log-domain identity (``../shared/docs/attention-math.md``): with scores
+The log-domain identity (``docs/math.md#the-log-domain-identity``): with scores
 s[i, j] = q_i . k_j and c[j] = logsumexp over real queries i of s[i, j],
 
     pi_D[i, j] = softmax_j(s[i, j] - c[j])          (Algorithm 1, step 4)
@@ -25,7 +25,8 @@ dP'[i, j] = dP[i, j] + exp(r_i) dc[j] and hence exactly ds above; q and k get
 a zero channel so the scores do not change. dc needs P^T [dO, D] first: a
 transposed pass with query bias -r_i, whose output is sum_i P[i, j] X_i up to
 the column sum sum_i P[i, j] = exp(c2[j] - c[j]) (c2 its row lse), which
-Theorem 2 keeps in [1/T, T], so nothing overflows.
+Theorem 2 keeps in [1/T, T], so nothing overflows. The derivation:
+``docs/math.md#the-fused-form-one-softmax-backward``.
 
 HNAS (Eq. 12) is linear in pi: out = u O_D + (1 - u) O_U, one DNAS and one
 plain pass.

@@ -6,7 +6,8 @@ is how CI tests them without a GPU. Written after the structure of Triton's
 fused-attention tutorial (online softmax over key blocks, a key-major and a
 query-major backward pass that recompute the probabilities from the saved
 row log-sum-exp); the algorithm is the paper's Algorithm 1 through the
-log-domain identity of ``../shared/docs/attention-math.md``.
+log-domain identity (``docs/math.md#the-log-domain-identity``). The equations
+below, with their derivation: ``docs/math.md#the-triton-kernels-pass-by-pass``.
 
 Notation: scaled queries q_i (i < T_q), keys k_j and values v_j (j < T_k),
 scores s[i, j] = q_i . k_j; "real" positions are those that are not padding.

@@ -1,7 +1,7 @@
 """Sinkhorn iterations (``sinkhorn_iters`` > 1) on the Triton path, no T_q x T_k matrix.
 
 DNAS is one Sinkhorn iteration, column step first (Algorithm 1, step 4;
-``../shared/docs/attention-math.md``); ``sinkhorn_iters = n`` repeats it, as
+``docs/math.md#sinkhorn-rounds-in-the-kernels``); ``sinkhorn_iters = n`` repeats it, as
 ``functional.dnas_log_probs`` does. In the log domain each iterate is a pair
 of bias vectors. With b_0 = 0 and s[i, j] = q_i . k_j,
 
@@ -34,7 +34,7 @@ and HNAS's UNAS part act only on the final probabilities: the main kernels
 handle them.
 
 The same pattern with any number of rounds is FlashSinkhorn's (Ye et al.,
-2026, cited in ``../shared/docs/gpu.md``); this is written from the formulas
+2026: IO-aware Sinkhorn iterations without the n x m matrix); this is written from the formulas
 above.
 """
 
