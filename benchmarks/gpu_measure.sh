@@ -2,8 +2,10 @@
 # Take the GPU figures of docs/performance.md on a CUDA machine: the Triton
 # and kernel tests on the GPU, the tile timings, then the benchmark with the
 # GPU targets (built-in tiles, then the module section again with the timed
-# tiles). Writes pytest-gpu.log, tiles.json, tiles.log, benchmark.log,
-# gpu.json, gpu.md, tuned.json and tuned.md to OUT_DIR.
+# tiles), and on request (STEPS=mask,train) the dropout mask against the
+# interpreter's and fp16 training of the Gigaword paper-size model. Writes
+# pytest-gpu.log, tiles.json, tiles.log, benchmark.log, gpu.json, gpu.md,
+# tuned.json, tuned.md, mask.log and train*.log to OUT_DIR.
 # About 20 minutes on an H100 in all; the lent machine runs at most 10
 # minutes a command, so there run one step a call (STEPS=tests, then tiles,
 # then benchmark, then tuned; see docs/performance.md#running-on-a-gpu).
@@ -16,15 +18,17 @@ set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"                  # an interpreter with CUDA torch, fairseq and triton
 OUT_DIR="${OUT_DIR:-gpu-results}"            # where the logs and results go
-STEPS="${STEPS:-tests,tiles,benchmark,tuned}" # any of these, comma-separated, run in this order
+STEPS="${STEPS:-tests,tiles,benchmark,tuned}" # any of tests,tiles,benchmark,tuned,mask,train, comma-separated, in this order
 SECTIONS="${SECTIONS:-module,model,generate}" # benchmark sections (crossover: dense vs triton)
 TESTS="${TESTS:-tests/test_triton.py tests/test_triton_tiles.py tests/test_kernels.py}"
 TILE_CASES="${TILE_CASES:-fp16:64}"          # cases benchmarks/triton_tiles.py times (the benchmark's head size 64)
+MASK_REFERENCE="${MASK_REFERENCE:-}"         # step mask: the interpreter's masks (gpu_dropout_mask.py --interpreter); empty: computed there
+TRAIN_DATA="${TRAIN_DATA:-data/gigaword/bin}" # step train: examples/gigaword/prepare.sh's OUT_DIR/bin
 
 cd "$(dirname "$0")/.."
 for step in ${STEPS//,/ }; do
-  case "$step" in tests|tiles|benchmark|tuned) ;; *)
-    echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from tests,tiles,benchmark,tuned)" >&2
+  case "$step" in tests|tiles|benchmark|tuned|mask|train) ;; *)
+    echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from tests,tiles,benchmark,tuned,mask,train)" >&2
     exit 2 ;;
   esac
 done
@@ -62,5 +66,13 @@ if has_step tuned; then
   FAIRSEQ_DNAS_TRITON_TILES="$OUT_DIR/tiles.json" PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py \
     --device cuda --sections module --json "$OUT_DIR/tuned.json" --markdown "$OUT_DIR/tuned.md" 2>&1 \
     | tee "$OUT_DIR/tuned.log"
+fi
+if has_step mask; then
+  echo "[gpu_measure] dropout mask against the interpreter's"
+  "$PYTHON" benchmarks/gpu_dropout_mask.py ${MASK_REFERENCE:+--reference "$MASK_REFERENCE"} 2>&1 | tee "$OUT_DIR/mask.log"
+fi
+if has_step train; then
+  echo "[gpu_measure] fairseq-train --fp16, Gigaword paper size, Triton path ($TRAIN_DATA)"
+  DATA="$TRAIN_DATA" OUT_DIR="$OUT_DIR" PYTHON="$PYTHON" bash benchmarks/gpu_train_fp16.sh 2>&1 | tee "$OUT_DIR/train.log"
 fi
 echo "[gpu_measure] done: $OUT_DIR"
