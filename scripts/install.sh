@@ -55,6 +55,7 @@ echo "[install] (a pip note that ve-fairseq requires torchaudio is expected: fai
 "$PY" - <<'PYCHECK'
 import torch, fairseq, fairseq_dnas, transformers
 import fairseq_dnas.hf  # registers 'dnas'/'hnas' with transformers
+import fairseq_dnas.plugin  # what --user-dir fairseq_dnas does: registers the models and tasks
 from fairseq.models import ARCH_MODEL_REGISTRY
 assert "transformer_hnas" in ARCH_MODEL_REGISTRY, "fairseq-dnas architectures not registered"
 print(f"[install] ok: torch {torch.__version__}, fairseq {fairseq.__version__}, "
