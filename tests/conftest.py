@@ -148,3 +148,9 @@ def wikitext_dir():
 def glue_dir():
     """The shared SST-2 and CoLA files (``GLUE_DIR``)."""
     return _shared_data("GLUE_DIR", "../shared/data/glue")
+
+
+@pytest.fixture(scope="session")
+def conll2000_dir():
+    """The CoNLL-2000 chunking files (``CONLL2000_DIR``)."""
+    return _shared_data("CONLL2000_DIR", "../shared/data/conll2000")
