@@ -210,3 +210,37 @@ def plot_trajectories(result: dict, sizes, path: str) -> None:
     )
     fig.tight_layout()
     save_figure(fig, path)
+
+
+# --- faithfulness (the thesis's Figure 6.1) ----------------------------------
+
+
+def plot_tau_histograms(series, path: str, what: str = "") -> None:
+    """Histograms of Kendall's tau between attention and gradient importance
+    per test sentence, one step histogram per model (fraction of its
+    sentences, so that models compare), its mean dashed.
+
+    ``series``: list of (label, encoder scheme or None, taus)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    colours = model_colours([scheme or "" for _, scheme, _ in series])
+    edges = np.linspace(-1.0, 1.0, 41)
+    for (label, _, taus), colour in zip(series, colours):
+        taus = np.asarray(taus, dtype=np.float64)
+        if not len(taus):
+            continue
+        counts, _ = np.histogram(taus, bins=edges)
+        frac = counts / len(taus)
+        ax.stairs(frac, edges, color=colour, lw=1.4,
+                  label=f"{label}: mean {taus.mean():.3f} +- {taus.std():.3f} (n={len(taus)})")
+        ax.stairs(frac, edges, color=colour, alpha=0.12, fill=True)
+        ax.axvline(taus.mean(), color=colour, ls="--", lw=1)
+    ax.axvline(0.0, color="grey", ls=":", lw=1)
+    ax.set_xlim(-1, 1)
+    ax.set_xlabel("Kendall's tau-b between attention received and gradient importance")
+    ax.set_ylabel("fraction of test sentences")
+    ax.set_title(f"Is attention an explanation?{what}\n(per sentence; dashed: the mean; right = attention "
+                 "ranks tokens as the gradient does)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    save_figure(fig, path)
