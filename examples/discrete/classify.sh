@@ -62,13 +62,12 @@ if [ ! -s "$DATA/label/test.idx" ]; then
   done
   rm -rf "$DATA.tmp"
   : > "$TEXT/preprocess.log"
-  for part in "input0 .input0.sp" "label .label"; do
-    set -- $part
-    run_fairseq_preprocess "$TEXT/preprocess.log" "$DATA.tmp/$1" --only-source --workers "$WORKERS" \
-      --trainpref "$TEXT/train$2" --validpref "$TEXT/valid$2" --testpref "$TEXT/test$2" \
+  for part in input0 label; do
+    ext=".$part"; [ "$part" = input0 ] && ext=".input0.sp"
+    run_fairseq_preprocess "$TEXT/preprocess.log" "$DATA.tmp/$part" --only-source --workers "$WORKERS" \
+      --trainpref "$TEXT/train$ext" --validpref "$TEXT/valid$ext" --testpref "$TEXT/test$ext" \
       || die "fairseq-preprocess failed (log: $TEXT/preprocess.log)"
   done
-  set --
   rm -rf "$DATA" && mv "$DATA.tmp" "$DATA"
 fi
 NUM_CLASSES="$(sort -u "$TEXT/train.label" | wc -l)"
