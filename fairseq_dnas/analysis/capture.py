@@ -156,7 +156,21 @@ def stream_probs(module, call: dict, observed: Optional[Tensor] = None, what: st
     return {SINGLE_STREAM: probs}
 
 
-class EncoderAttention:
+class Hooks:
+    """Hooks registered by ``__enter__`` (kept in ``self._handles``) and
+    removed when the ``with`` block ends, however it ends."""
+
+    def __init__(self):
+        self._handles = []
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return False
+
+
+class EncoderAttention(Hooks):
     """While active (``with``), every forward of ``model`` appends to
     ``self.calls`` one list with one dict per encoder layer (bottom up):
     {stream name: per-head attention probabilities (H, B, T_q, T_k)}
@@ -165,20 +179,14 @@ class EncoderAttention:
     """
 
     def __init__(self, model):
+        super().__init__()
         self.sites = attention_sites(model, decoder=False)
         self.calls: List[List[dict]] = []
-        self._handles = []
 
     def __enter__(self):
         for site in self.sites:
             self._handles.append(site.module.register_forward_hook(self._hook(site), with_kwargs=True))
         return self
-
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        return False
 
     def _hook(self, site):
         def hook(module, args, kwargs, output):
