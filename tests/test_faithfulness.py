@@ -398,3 +398,22 @@ def test_classify_recipe_from_text_files_to_the_table_row(tiny, tmp_path):
                    f"{s['grad-x-input']['tau_std']:.3f} | {s['grad']['left_out']} of 30 |")
     assert row in proc.stderr + proc.stdout
     assert len(_read_jsonl(folder / "faithfulness-grad.jsonl")) == 30
+
+
+def test_recipe_data_step_reads_any_labels_and_refuses_unknown_ones(tmp_path, capsys):
+    """masked_lm_data.py tsv: a header line is skipped when present; labels are
+    any words, those of the training file."""
+    train, dev, test = tmp_path / "train.tsv", tmp_path / "dev.tsv", tmp_path / "test.tsv"
+    train.write_text("a puck game\thockey\nA bat game\tbaseball\n")
+    dev.write_text("sentence\tlabel\nice\thockey\n")
+    test.write_text("a pitch\tbaseball\n")
+    out = tmp_path / "text"
+    args = ["tsv", "--train", str(train), "--valid", str(dev), "--test", str(test), "--out", str(out)]
+    assert masked_lm_data.main(args) == 0
+    assert (out / "train.input0").read_text() == "a puck game\na bat game\n"
+    assert (out / "train.label").read_text() == "hockey\nbaseball\n"
+    assert (out / "valid.input0").read_text() == "ice\n"
+    test.write_text("a pitch\tsoccer\n")
+    assert masked_lm_data.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"[masked_lm_data] error: {test}:1: label 'soccer' is not one of baseball, hockey"
