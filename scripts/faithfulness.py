@@ -166,11 +166,13 @@ def main(argv=None):
     p.add_argument("--spm", help="SentencePiece model; default: DATA/../sp.model")
     p.add_argument("--batch", type=int, default=64, help="sentences per forward and backward pass")
     p.add_argument("--max-examples", type=int, default=0, help="the first N sentences only (0: all)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    # The matrices are small (thesis-size encoders): intra-op threads gain
+    # little, and on a busy machine 2 threads took 15 times longer than 1.
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error("--batch must be at least 1")
-    if args.threads:
+    if args.threads > 0:
         import torch
 
         torch.set_num_threads(args.threads)
