@@ -210,7 +210,8 @@ def _reference(model, ids):
         o = F.linear((p @ v).transpose(0, 1).reshape(t, h * d), P(m.out_proj.weight), P(m.out_proj.bias))
         n1, n2 = layer.self_attn_layer_norm, layer.final_layer_norm
         x = F.layer_norm(x + o, x.shape[-1:], P(n1.weight), P(n1.bias), n1.eps)
-        f = F.linear(F.gelu(F.linear(x, P(layer.fc1.weight), P(layer.fc1.bias))), P(layer.fc2.weight), P(layer.fc2.bias))
+        f = F.gelu(F.linear(x, P(layer.fc1.weight), P(layer.fc1.bias)))
+        f = F.linear(f, P(layer.fc2.weight), P(layer.fc2.bias))
         x = F.layer_norm(x + f, x.shape[-1:], P(n2.weight), P(n2.bias), n2.eps)
     head = model.classification_heads[HEAD]
     z = torch.tanh(F.linear(x[0], P(head.dense.weight), P(head.dense.bias)))
@@ -270,6 +271,31 @@ def test_one_backward_per_padded_batch_equals_one_example_at_a_time(tiny, arch):
         for form in FA.IMPORTANCE_FORMS:
             torch.testing.assert_close(batch["importance"][form][b][:t], one["importance"][form][0],
                                        atol=1e-13, rtol=1e-10)
+
+
+def test_a_two_stream_encoder_is_read_by_stream_name(tiny):
+    """The extension point: an attention module with ``stream_head_probs``
+    reports 'model' and 'controller'; --attention picks one by name."""
+    from fairseq_dnas.analysis.capture import head_probs
+
+    model, task, data = _float64_model(tiny["ckpt"]["roberta_hnas"], True)
+    rows = _examples(tiny, model, task, data, 5)
+    x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
+    single = FA.explain_batch(model, x, HEAD, 0)
+    constant = 0.01
+    for layer in model.encoder.sentence_encoder.layers:
+        m = layer.self_attn
+        m.stream_head_probs = lambda call, m=m: {"model": head_probs(m, call)[1],
+                                                 "controller": torch.full_like(head_probs(m, call)[1], constant)}
+    by_model = FA.explain_batch(model, x, HEAD, 0, attention="model")
+    by_controller = FA.explain_batch(model, x, HEAD, 0, attention="controller")
+    torch.testing.assert_close(by_model["attention"], single["attention"], atol=0, rtol=0)
+    stack = model.encoder.sentence_encoder.layers
+    layers, heads = len(stack), stack[0].self_attn.num_heads
+    queries = (~x.eq(task.source_dictionary.pad())).sum(1, keepdim=True).double()
+    expected = layers * heads * queries * constant * single["real"].double()
+    torch.testing.assert_close(by_controller["attention"], expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(by_controller["importance"]["grad"], single["importance"]["grad"], atol=0, rtol=0)
 
 
 def test_training_mode_is_refused(tiny):

@@ -20,6 +20,9 @@
 # 4. scripts/faithfulness.py on TEST, importance 'grad' and 'grad-x-input'
 #    -> OUT/ARCH-seedSEED/faithfulness-*.jsonl, tau.png, and the table row
 #    OUT/ARCH-seedSEED/row.md (printed).
+# CPU: on sst-binary (6,920 training sentences) with MAX_UPDATE=400, about
+# 20 minutes on 2 busy cores, nearly all of it training; the metric itself
+# takes seconds per 1,000 sentences (docs/analysis.md, section 4).
 set -euo pipefail
 
 TRAIN="${TRAIN:-}"; DEV="${DEV:-}"; TEST="${TEST:-}"
@@ -95,7 +98,8 @@ s = {f: json.load(open(f"{run}/summary-{f}.json")) for f in ("grad", "grad-x-inp
 cells = [f"{s[f]['tau_mean']:.3f} +- {s[f]['tau_std']:.3f}" for f in s]
 print("| encoder | accuracy (%) | tau, gradient | tau, gradient x input | left out |")
 print("| --- | --- | --- | --- | --- |")
-print(f"| {arch} | {100 * s['grad']['accuracy']:.1f} | {cells[0]} | {cells[1]} | {s['grad']['left_out']} of {s['grad']['n']} |")
+left = f"{s['grad']['left_out']} of {s['grad']['n']}"
+print(f"| {arch} | {100 * s['grad']['accuracy']:.1f} | {cells[0]} | {cells[1]} | {left} |")
 PY
 cat "$RUN/row.md"
 say "done: $RUN/row.md (per example: $RUN/faithfulness-grad.jsonl; histogram: $RUN/tau-grad.png)"
