@@ -60,7 +60,10 @@ def measure(checkpoint, args):
     for start in range(0, len(order), args.batch):
         idx = order[start:start + args.batch]
         x = sentence_classify.pad_batch([rows[i] for i in idx], pad)
-        r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention)
+        try:
+            r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention)
+        except ValueError as err:  # an --attention stream the encoder does not report
+            raise BadInput(f"{checkpoint}: {err}") from None
         for b, i in enumerate(idx):
             real = r["real"][b]
             a = r["attention"][b][real].tolist()
