@@ -23,7 +23,7 @@ fairseq_dnas/analysis/faithfulness.py and docs/analysis.md.
 stream's S, 'controller': the controller's A); a single-stream encoder has
 one attention, used for both. Bad input (a missing file, a label the model
 does not know, a checkpoint that is not a sentence classifier) stops with one
-line and exit status 1.
+line and exit status 1; no --json file is written then.
 """
 
 import argparse
@@ -136,17 +136,19 @@ def check_args(args, p):
 def run(args, p):
     sources = check_args(args, p)
     labels = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(s))) or s for s in sources]
-    series = []
+    series, per_example = [], []
     for k, path in enumerate(sources):
         if args.from_json:
             summary, rows = from_json(path)
             scheme = None
         else:
             summary, rows, scheme = measure(path, args)
-            if args.json:
-                write_rows(args.json[k], rows)
         report(labels[k], summary)
+        per_example.append(rows)
         series.append((labels[k], scheme, [r["tau"] for r in rows if r["tau"] is not None]))
+    # Written when every model is done: bad input leaves no file behind.
+    for path, rows in zip(args.json or [], per_example):
+        write_rows(path, rows)
     if args.plot:
         from fairseq_dnas.analysis.plots import plot_tau_histograms
 

@@ -398,11 +398,12 @@ def test_bad_input_gives_one_line_and_exit_1(tiny, tmp_path):
         ((mlm, "--test", test), "not a fine-tuned sentence classifier"),
         ((cut, "--test", test), str(cut)),
         ((ckpt, ckpt, "--test", test, "--json", out), "--json: 1 file(s) for 2 checkpoint(s)"),
+        ((ckpt, mlm, "--test", test, "--json", out, tmp_path / "two.jsonl"), "not a fine-tuned sentence classifier"),
         (("--from-json", tmp_path / "missing.jsonl"), "missing.jsonl: no such file"),
         (("--from-json", test), "not a line of faithfulness.py --json"),
     ]:
         _one_line_error(_script(*args, "--batch", "4", check=False), message)
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "two.jsonl").exists()
 
 
 # --- the recipe -----------------------------------------------------------------
