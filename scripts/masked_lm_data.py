@@ -9,6 +9,10 @@
         GLUE's tab-separated files -> DIR/{train,valid,test}.{input0,label}:
         sst2: train.tsv / dev.tsv / test.tsv (GLUE's dev, the reported figure);
         cola: train.tsv minus every 17th line (held out as valid) / dev.tsv as test.
+    masked_lm_data.py tsv --train T.tsv --valid V.tsv --test X.tsv --out DIR
+        Any "sentence<TAB>label" files (a "sentence<TAB>label" header line is
+        skipped, as sentence_classify.py does; labels are any words, those of
+        the training file) -> DIR/{train,valid,test}.{input0,label}.
 
 Each TSV line must be "sentence<TAB>label" with the label in {0, 1}; a
 missing column, another label or an empty file stops with one line that
@@ -65,15 +69,21 @@ def corpus(args):
           file=sys.stderr)
 
 
-def read_tsv(path, header):
-    """[(sentence, label)] of a GLUE file, checked."""
+def has_header(line):
+    """A GLUE header line: its last column is 'label' (sentence_classify.py's test)."""
+    return line.rstrip("\n").split("\t")[-1].strip() == "label"
+
+
+def read_tsv(path, header, labels=LABELS):
+    """[(sentence, label)] of a GLUE file, checked; header: True, False or
+    'auto' (has_header); labels: the allowed labels (None: any)."""
     if not os.path.isfile(path):
         raise BadInput(f"{path}: no such file")
     rows = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             line = line.rstrip("\n")
-            if header and i == 1:
+            if i == 1 and (has_header(line) if header == "auto" else header):
                 continue
             if not line.strip():
                 continue
@@ -81,8 +91,8 @@ def read_tsv(path, header):
             if len(parts) < 2 or not parts[0].strip():
                 raise BadInput(f"{path}:{i}: expected 'sentence<TAB>label', found {len(parts)} column(s)")
             label = parts[-1].strip()
-            if label not in LABELS:
-                raise BadInput(f"{path}:{i}: label {label!r} is not one of {', '.join(LABELS)}")
+            if labels is not None and label not in labels:
+                raise BadInput(f"{path}:{i}: label {label!r} is not one of {', '.join(labels)}")
             rows.append((" ".join(parts[:-1]).strip(), label))
     if not rows:
         raise BadInput(f"{path}: no labelled sentence in the file (empty)")
@@ -99,14 +109,29 @@ def glue(args):
     for split, cap in (("train", args.max_train), ("valid", args.max_eval), ("test", args.max_eval)):
         if cap:
             splits[split] = splits[split][:cap]
-    os.makedirs(args.out, exist_ok=True)
+    write_splits(args.out, splits, args.task)
+
+
+def write_splits(out, splits, name):
+    """DIR/{split}.input0 (lowercased sentences) and DIR/{split}.label."""
+    os.makedirs(out, exist_ok=True)
     for split, rows in splits.items():
         for ext, col in (("input0", 0), ("label", 1)):
-            path = os.path.join(args.out, f"{split}.{ext}")
+            path = os.path.join(out, f"{split}.{ext}")
             with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.writelines(r[col].lower() + "\n" for r in rows)
+                f.writelines((r[col].lower() if col == 0 else r[col]) + "\n" for r in rows)
             os.replace(path + ".tmp", path)
-        print(f"[masked_lm_data] {args.task} {split}: {len(rows)} sentences", file=sys.stderr)
+        print(f"[masked_lm_data] {name} {split}: {len(rows)} sentences", file=sys.stderr)
+
+
+def tsv(args):
+    """A user's train/valid/test files; the labels of valid and test must be
+    among the training file's."""
+    train = read_tsv(args.train, "auto", labels=None)
+    known = sorted({label for _, label in train})
+    splits = {"train": train, "valid": read_tsv(args.valid, "auto", known), "test": read_tsv(args.test, "auto", known)}
+    write_splits(args.out, splits, "tsv")
+    print(f"[masked_lm_data] {len(known)} classes: {' '.join(known)}", file=sys.stderr)
 
 
 def main(argv=None):
@@ -123,9 +148,13 @@ def main(argv=None):
     g.add_argument("--out", required=True)
     g.add_argument("--max-train", type=int, default=0, help="keep the first N training sentences (0: all)")
     g.add_argument("--max-eval", type=int, default=0, help="keep the first N valid/test sentences (0: all)")
+    t = sub.add_parser("tsv")
+    for split in ("train", "valid", "test"):
+        t.add_argument(f"--{split}", required=True, help=f"{split} file, sentence<TAB>label a line")
+    t.add_argument("--out", required=True)
     args = p.parse_args(argv)
     try:
-        corpus(args) if args.command == "corpus" else glue(args)
+        {"corpus": corpus, "glue": glue, "tsv": tsv}[args.command](args)
     except BadInput as err:
         print(f"[masked_lm_data] error: {err}", file=sys.stderr)
         return 1

@@ -69,8 +69,10 @@ def labels_of(task):
     return [d[i] for i in range(d.nspecial, d.nspecial + task.cfg.num_classes)]
 
 
-def predict(model, task, sp, sentences, batch=64):
-    """(label index, probabilities) for each sentence."""
+def encode(model, task, sp, sentences):
+    """The token ids each sentence is fed to the model as (a 1-D LongTensor
+    each): lowercased, SentencePiece pieces cut to the model's positions,
+    ``--init-token`` (``<s>``) first and ``</s>`` last."""
     import torch
 
     d = task.source_dictionary
@@ -81,13 +83,28 @@ def predict(model, task, sp, sentences, batch=64):
         pieces = sp.encode(s.lower(), out_type=str)[:max_pieces]
         ids = d.encode_line(" ".join(pieces), append_eos=True, add_if_not_exist=False).long()
         rows.append(torch.cat([torch.tensor([init]), ids]) if init is not None else ids)
+    return rows
+
+
+def pad_batch(rows, pad):
+    """(B, T) right-padded batch of the 1-D id tensors ``rows``."""
+    import torch
+
+    x = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
+    for b, r in enumerate(rows):
+        x[b, :len(r)] = r
+    return x
+
+
+def predict(model, task, sp, sentences, batch=64):
+    """(label index, probabilities) for each sentence."""
+    import torch
+
+    rows = encode(model, task, sp, sentences)
     probs = []
     with torch.no_grad():
         for i in range(0, len(rows), batch):
-            chunk = rows[i:i + batch]
-            x = torch.full((len(chunk), max(len(r) for r in chunk)), d.pad(), dtype=torch.long)
-            for b, r in enumerate(chunk):
-                x[b, :len(r)] = r
+            x = pad_batch(rows[i:i + batch], task.source_dictionary.pad())
             logits, _ = model(x, features_only=True, classification_head_name=HEAD)
             probs.append(torch.softmax(logits.float(), -1))
     p = torch.cat(probs).numpy()

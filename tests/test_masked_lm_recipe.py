@@ -167,7 +167,7 @@ def _recipe(script, tmp_path, **settings):
     ("pretrain.sh", {"MAX_UPDATE": "0"}, "MAX_UPDATE=0: give a whole number >= 1"),
     ("pretrain.sh", {"BATCH_SEQUENCES": "7", "DEVICE": "cpu", "NPROC": "2"},
      "BATCH_SEQUENCES=7 cannot be split evenly over 2 processes"),
-    ("finetune.sh", {"TASK": "mnli"}, "TASK=mnli: choose sst2 (accuracy) or cola (Matthews correlation)"),
+    ("finetune.sh", {"TASK": "mnli"}, "TASK=mnli: choose sst2 (accuracy), cola (Matthews correlation) or tsv (any sentence<TAB>label set: accuracy)"),
     ("finetune.sh", {"PRETRAINED": ""}, "PRETRAINED is not set"),
     ("finetune.sh", {"PRETRAINED": "missing.pt"}, "PRETRAINED=missing.pt: no such checkpoint"),
     ("prepare.sh", {"TASKS": "sst2 mrpc"}, "TASKS=sst2 mrpc: choose among sst2 and cola"),

@@ -6,7 +6,10 @@
 #   PRETRAINED=checkpoints/masked_lm/roberta_hnas-small-seed1/checkpoint_last.pt \
 #     ARCH=roberta_hnas TASK=sst2 SEED=1 bash examples/masked_lm/finetune.sh [fairseq-train flags]
 #
-# ARCH and SIZE must be those of the pretraining. The model of the last update
+# ARCH and SIZE must be those of the pretraining. PRETRAINED=none trains the
+# encoder from scratch instead (examples/discrete/classify.sh: any
+# sentence<TAB>label set, TASK=tsv, NUM_CLASSES classes, sizes as extra
+# fairseq-train flags). The model of the last update
 # is kept (SAVE_DIR/checkpoint_last.pt) and scored with
 # scripts/sentence_classify.py score (accuracy, MCC, bootstrap 95% intervals);
 # the validation split is printed for model selection, the test split is never
@@ -14,9 +17,10 @@
 # skipped).
 set -euo pipefail
 
-TASK="${TASK:-sst2}"                        # sst2 | cola
+TASK="${TASK:-sst2}"                        # sst2 | cola | tsv (any set: accuracy)
 DATA="${DATA:-data/masked_lm/bin/$TASK}"     # prepare.sh's OUT_DIR/bin/<task>
-PRETRAINED="${PRETRAINED:-}"                 # a masked_lm checkpoint of pretrain.sh
+PRETRAINED="${PRETRAINED:-}"                 # a masked_lm checkpoint of pretrain.sh, or none (from scratch)
+NUM_CLASSES="${NUM_CLASSES:-2}"
 ARCH="${ARCH:-roberta_hnas}"                 # roberta | roberta_dnas | roberta_hnas, as pretrained
 SIZE="${SIZE:-small}"                        # small | base | large | bert, as pretrained
 SEED="${SEED:-1}"
@@ -33,14 +37,20 @@ CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"
 DRY_RUN="${DRY_RUN:-0}"                      # 1: print the command and stop
 
 source "$(dirname "$0")/../common.sh"
-check_choice TASK "sst2 (accuracy)" "cola (Matthews correlation)"
-case "$TASK" in sst2) METRIC=accuracy; REPORT=() ;; cola) METRIC=mcc; REPORT=(--report-mcc) ;; esac
+check_choice TASK "sst2 (accuracy)" "cola (Matthews correlation)" "tsv (any sentence<TAB>label set: accuracy)"
+case "$TASK" in sst2|tsv) METRIC=accuracy; REPORT=() ;; cola) METRIC=mcc; REPORT=(--report-mcc) ;; esac
 check_choice ARCH roberta roberta_dnas roberta_hnas
 check_choice SIZE small base large bert
 check_number MAX_UPDATE 1
 check_number BATCH_SENTENCES 1
-[ -n "$PRETRAINED" ] || die "PRETRAINED is not set: give the masked_lm checkpoint of pretrain.sh (SAVE_DIR/checkpoint_last.pt)"
-[ -s "$PRETRAINED" ] || die "PRETRAINED=$PRETRAINED: no such checkpoint (or empty)"
+check_number NUM_CLASSES 2
+[ -n "$PRETRAINED" ] || die "PRETRAINED is not set: give the masked_lm checkpoint of pretrain.sh (SAVE_DIR/checkpoint_last.pt), or none to train from scratch"
+if [ "$PRETRAINED" = none ]; then
+  RESTORE=()
+else
+  [ -s "$PRETRAINED" ] || die "PRETRAINED=$PRETRAINED: no such checkpoint (or empty)"
+  RESTORE=(--restore-file "$PRETRAINED" --reset-optimizer --reset-dataloader --reset-meters)
+fi
 [ -f "$DATA/input0/dict.txt" ] && [ -f "$DATA/label/dict.txt" ] \
   || die "no sentence_prediction data in DATA=$DATA (run examples/masked_lm/prepare.sh; DATA=OUT_DIR/bin/$TASK)"
 check_python
@@ -52,8 +62,8 @@ split_batch BATCH_SENTENCES "$BATCH_SENTENCES" "$WORLD" "$MAX_SENTENCES_PER_PROC
 
 schedule_args "$MAX_UPDATE"
 ARGS=("$DATA" --user-dir "$USER_DIR"
-  --restore-file "$PRETRAINED" --reset-optimizer --reset-dataloader --reset-meters
-  --task sentence_prediction --criterion sentence_prediction --num-classes 2 "${REPORT[@]}"
+  "${RESTORE[@]}"
+  --task sentence_prediction --criterion sentence_prediction --num-classes "$NUM_CLASSES" "${REPORT[@]}"
   --init-token 0 --separator-token 2 --arch "$ARCH_NAME"
   --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.1
   --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-6 --clip-norm 0.0

@@ -8,6 +8,9 @@
   (Definition 1, Theorem 2, Figure 1).
 - ``explaining_away``: run a model over a binarized split and collect those.
 - ``mode_collapse``: Appendix E, Eq. (13)/(14) and the 1-D/2-D simulations.
+- ``faithfulness``: is attention an explanation? Kendall's tau between the
+  attention each token receives and its gradient importance (J. Kinley,
+  2020, Chapter 6).
 - ``plots``: the matplotlib pictures (Agg backend, no display needed).
 - ``files``: write outputs atomically (temporary file, then rename).
 

@@ -128,3 +128,71 @@ def check_same_output(recomputed: Tensor, observed: Tensor, what: str) -> None:
             f"different output (max diff {diff:.3g}); put the model in eval mode "
             "(model.eval()) so that dropout is off"
         )
+
+
+# The stream name of the one attention of a single-stream encoder layer.
+SINGLE_STREAM = "self"
+
+
+def stream_probs(module, call: dict, observed: Optional[Tensor] = None, what: str = "") -> dict:
+    """{stream name: per-head probabilities (H, B, T_q, T_k)} of one captured
+    encoder self-attention call.
+
+    A single-stream module (fairseq's ``MultiheadAttention``, the plugin's
+    ``DNASMultiheadAttention``: UNAS, DNAS, the HNAS mixture) gives one entry,
+    ``SINGLE_STREAM``, its re-run checked against ``observed`` (the output
+    the model produced) when given. A module that holds several streams says
+    so by a method ``stream_head_probs(call) -> {name: (H, B, T_q, T_k)}``
+    (``'model'`` and ``'controller'`` for a two-stream encoder: the model
+    stream's S and the controller's A), used as it is.
+    """
+    named = getattr(module, "stream_head_probs", None)
+    if named is not None:
+        with torch.no_grad():
+            return dict(named(call))
+    out, probs = head_probs(module, call)
+    if observed is not None:
+        check_same_output(out, observed, what)
+    return {SINGLE_STREAM: probs}
+
+
+class Hooks:
+    """Hooks registered by ``__enter__`` (kept in ``self._handles``) and
+    removed when the ``with`` block ends, however it ends."""
+
+    def __init__(self):
+        self._handles = []
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return False
+
+
+class EncoderAttention(Hooks):
+    """While active (``with``), every forward of ``model`` appends to
+    ``self.calls`` one list with one dict per encoder layer (bottom up):
+    {stream name: per-head attention probabilities (H, B, T_q, T_k)}
+    (``stream_probs``). The model runs unchanged (gradients included); the
+    probabilities are read without gradient.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.sites = attention_sites(model, decoder=False)
+        self.calls: List[List[dict]] = []
+
+    def __enter__(self):
+        for site in self.sites:
+            self._handles.append(site.module.register_forward_hook(self._hook(site), with_kwargs=True))
+        return self
+
+    def _hook(self, site):
+        def hook(module, args, kwargs, output):
+            named = stream_probs(module, call_kwargs(args, kwargs), output[0], f"encoder layer {site.layer}")
+            if site.layer == 0:
+                self.calls.append([])
+            self.calls[-1].append(named)
+
+        return hook

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from fairseq_dnas.analysis.capture import (
+    Hooks,
     Site,
     attention_sites,
     call_kwargs,
@@ -42,7 +43,7 @@ class SplitError(ValueError):
     """A data split that cannot be analysed (missing, empty)."""
 
 
-class ColumnSumRecorder:
+class ColumnSumRecorder(Hooks):
     """While active (``with``), every forward of ``model`` adds sum_i pi_ij of
     each attention module to ``self.stats[(kind, layer, component)]``."""
 
@@ -53,7 +54,7 @@ class ColumnSumRecorder:
         self.epsilon = epsilon
         self.stats: Dict[Tuple[str, int, str], ColumnStats] = {}
         self._pad = {}
-        self._handles = []
+        super().__init__()
 
     def __enter__(self):
         enc, dec = encoder_stack(self.model), getattr(self.model, "decoder", None)
@@ -64,12 +65,6 @@ class ColumnSumRecorder:
         for site in self.sites:
             self._handles.append(site.module.register_forward_hook(self._site_hook(site), with_kwargs=True))
         return self
-
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        return False
 
     def _pad_hook(self, name, padding_idx):
         def hook(module, args, kwargs):

@@ -67,7 +67,7 @@ def plot_hybrid_weights(weights, labels: Sequence[str], path: str) -> None:
     ax.set_ylabel("hybrid weight u  (0 = UNAS, 1 = DNAS)")
     ax.set_title("HNAS: learned weight of DNAS per encoder layer\n(line: mean over heads; band and dots: the heads)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left")
     save_figure(fig, path)
 
 
@@ -208,5 +208,42 @@ def plot_trajectories(result: dict, sizes, path: str) -> None:
         f"Repeated self-attention (Q = K = V = I) on two clusters of {sizes[0]} and {sizes[1]} points:\n"
         "UNAS (top) against DNAS (bottom)", fontsize=10,
     )
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+# --- faithfulness (the thesis's Figure 6.1) ----------------------------------
+
+
+def plot_tau_histograms(series, path: str, what: str = "") -> None:
+    """Histograms of Kendall's tau between attention and gradient importance
+    per test sentence, one step histogram per model (fraction of its
+    sentences, so that models compare), its mean dashed.
+
+    ``series``: list of (label, encoder scheme or None, taus)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    colours = model_colours([scheme or "" for _, scheme, _ in series])
+    edges = np.linspace(-1.0, 1.0, 41)
+    top = 0.0
+    for (label, _, taus), colour in zip(series, colours):
+        taus = np.asarray(taus, dtype=np.float64)
+        if not len(taus):
+            continue
+        counts, _ = np.histogram(taus, bins=edges)
+        frac = counts / len(taus)
+        top = max(top, frac.max())
+        ax.stairs(frac, edges, color=colour, lw=1.4,
+                  label=f"{label}: mean {taus.mean():.3f} +- {taus.std():.3f} (n={len(taus)})")
+        ax.stairs(frac, edges, color=colour, alpha=0.12, fill=True)
+        ax.axvline(taus.mean(), color=colour, ls="--", lw=1)
+    ax.axvline(0.0, color="grey", ls=":", lw=1)
+    ax.set_xlim(-1, 1)
+    ax.set_ylim(0, (top or 1.0) * (1.25 + 0.08 * len(series)))  # room for the legend above the bars
+    ax.set_xlabel("Kendall's tau-b between attention received and gradient importance")
+    ax.set_ylabel("fraction of test sentences")
+    ax.set_title(f"Is attention an explanation?{what}\n(per sentence; dashed: the mean; right = attention "
+                 "ranks tokens as the gradient does)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     save_figure(fig, path)

@@ -1,0 +1,193 @@
+#!/usr/bin/env python
+"""Is attention an explanation? Kendall's tau between the attention each
+token receives and its gradient importance, per test sentence, for a
+fine-tuned sentence classifier (--task sentence_prediction: roberta,
+roberta_dnas, roberta_hnas). The thesis's metric (J. Kinley, 2020,
+Chapter 6; Jain & Wallace, 2019); the definitions are in
+fairseq_dnas/analysis/faithfulness.py and docs/analysis.md.
+
+    faithfulness.py CHECKPOINT [CHECKPOINT ...] --test TEST.tsv
+            [--importance grad|grad-x-input] [--attention model|controller]
+            [--json FILE [FILE ...]] [--plot FIGURE.png] [--labels NAME ...]
+            [--data BIN] [--spm sp.model] [--batch 64] [--max-examples N]
+        TEST.tsv: "sentence<TAB>label" a line (a "sentence<TAB>label" header is
+        skipped), read and encoded as sentence_classify.py does. Prints per
+        model the accuracy, tau mean +- standard deviation and the count of
+        examples left out (tau undefined), and one JSON line (stdout);
+        --json writes one line per example (one file per checkpoint);
+        --plot draws the histograms of tau, the models overlaid.
+    faithfulness.py --from-json FILE [FILE ...] --plot FIGURE.png [--labels NAME ...]
+        The summary and the picture from --json files written before.
+
+--attention picks the stream of a two-stream encoder ('model': the model
+stream's S, 'controller': the controller's A); a single-stream encoder has
+one attention, used for both. Bad input (a missing file, a label the model
+does not know, a checkpoint that is not a sentence classifier) stops with one
+line and exit status 1; no --json file is written then.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import sentence_classify  # noqa: E402
+from sentence_classify import BadInput  # noqa: E402
+
+
+def measure(checkpoint, args):
+    """(summary dict, per-example rows, encoder scheme) of one checkpoint."""
+    import torch
+
+    from fairseq_dnas.analysis import faithfulness as F
+    from fairseq_dnas.analysis.checkpoints import encoder_scheme
+
+    model, task, data = sentence_classify.load(checkpoint, args.data)
+    known = sentence_classify.labels_of(task)
+    sentences, gold = sentence_classify.read_labelled(args.test, known)
+    if args.max_examples:
+        sentences, gold = sentences[:args.max_examples], gold[:args.max_examples]
+    sp = sentence_classify.spm_model(args, data)
+    rows = sentence_classify.encode(model, task, sp, sentences)
+    pad = task.source_dictionary.pad()
+    t0 = time.time()
+    # Batches of similar lengths (less padding; the numbers do not depend on it).
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    out = [None] * len(rows)
+    for start in range(0, len(order), args.batch):
+        idx = order[start:start + args.batch]
+        x = sentence_classify.pad_batch([rows[i] for i in idx], pad)
+        try:
+            r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention)
+        except ValueError as err:  # an --attention stream the encoder does not report
+            raise BadInput(f"{checkpoint}: {err}") from None
+        for b, i in enumerate(idx):
+            real = r["real"][b]
+            a = r["attention"][b][real].tolist()
+            g = r["importance"][args.importance][b][real].tolist()
+            out[i] = {"index": i, "tokens": rows[i].tolist(), "attention": a, "importance": g,
+                      "tau": F.kendall_tau(a, g), "label": known[int(gold[i])],
+                      "prediction": known[int(r["prediction"][b])]}
+    seconds = time.time() - t0
+    summary = F.summarize([o["tau"] for o in out], gold, [known.index(o["prediction"]) for o in out])
+    summary.update({"checkpoint": checkpoint, "test": args.test, "attention": args.attention,
+                    "importance": args.importance, "seconds": round(seconds, 2),
+                    "threads": torch.get_num_threads()})
+    return summary, out, encoder_scheme(model)
+
+
+def from_json(path):
+    """(summary, rows) of a --json file."""
+    from fairseq_dnas.analysis import faithfulness as F
+
+    if not os.path.isfile(path):
+        raise BadInput(f"{path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                rows.append({k: row[k] for k in ("tau", "label", "prediction")})
+            except (ValueError, KeyError, TypeError):
+                raise BadInput(f"{path}:{i}: not a line of faithfulness.py --json") from None
+    if not rows:
+        raise BadInput(f"{path}: empty file")
+    summary = F.summarize([r["tau"] for r in rows], [r["label"] for r in rows], [r["prediction"] for r in rows])
+    summary["json"] = path
+    return summary, rows
+
+
+def write_rows(path, rows):
+    from fairseq_dnas.analysis.files import atomic_path
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def report(label, s):
+    print(f"{label}: {s['n']} sentences, accuracy {100 * s['accuracy']:.1f}%, Kendall tau "
+          f"{s['tau_mean']:.3f} +- {s['tau_std']:.3f} (std), {s['left_out']} left out (tau undefined)"
+          + (f", {s['seconds']:.1f} s" if "seconds" in s else ""), file=sys.stderr)
+    print(json.dumps({"label": label, **s}))
+
+
+def check_args(args, p):
+    sources = args.from_json or args.checkpoints
+    if bool(args.from_json) == bool(args.checkpoints):
+        p.error("give checkpoints (with --test) or --from-json files, not both")
+    if args.checkpoints and not args.test:
+        p.error("--test TEST.tsv is required with checkpoints")
+    if args.json and len(args.json) != len(args.checkpoints):
+        raise BadInput(f"--json: {len(args.json)} file(s) for {len(args.checkpoints)} checkpoint(s); give one each")
+    if args.labels and len(args.labels) != len(sources):
+        raise BadInput(f"--labels: {len(args.labels)} name(s) for {len(sources)} model(s); give one each")
+    for path in sources:
+        if not os.path.isfile(path):
+            raise BadInput(f"{path}: no such file")
+    if args.test and not os.path.isfile(args.test):
+        raise BadInput(f"{args.test}: no such file")
+    return sources
+
+
+def run(args, p):
+    sources = check_args(args, p)
+    labels = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(s))) or s for s in sources]
+    series, per_example = [], []
+    for k, path in enumerate(sources):
+        if args.from_json:
+            summary, rows = from_json(path)
+            scheme = None
+        else:
+            summary, rows, scheme = measure(path, args)
+        report(labels[k], summary)
+        per_example.append(rows)
+        series.append((labels[k], scheme, [r["tau"] for r in rows if r["tau"] is not None]))
+    # Written when every model is done: bad input leaves no file behind.
+    for path, rows in zip(args.json or [], per_example):
+        write_rows(path, rows)
+    if args.plot:
+        from fairseq_dnas.analysis.plots import plot_tau_histograms
+
+        what = "" if args.from_json else f" ({args.importance} importance, {args.attention} attention)"
+        plot_tau_histograms(series, args.plot, what)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="*", help="fine-tuned sentence_prediction checkpoints")
+    p.add_argument("--test", help="sentence<TAB>label file")
+    p.add_argument("--from-json", nargs="+", help="--json files of earlier runs instead of checkpoints")
+    p.add_argument("--importance", choices=("grad", "grad-x-input"), default="grad")
+    p.add_argument("--attention", choices=("model", "controller"), default="model",
+                   help="the stream of a two-stream encoder; the same attention for a single-stream one")
+    p.add_argument("--json", nargs="+", help="one line per example, one file per checkpoint")
+    p.add_argument("--plot", help="histograms of tau (PNG or PDF)")
+    p.add_argument("--labels", nargs="+", help="a name per model (default: the checkpoint's folder)")
+    p.add_argument("--data", help="fine-tuning data (OUT_DIR/bin/<task>); default: the checkpoint's")
+    p.add_argument("--spm", help="SentencePiece model; default: DATA/../sp.model")
+    p.add_argument("--batch", type=int, default=64, help="sentences per forward and backward pass")
+    p.add_argument("--max-examples", type=int, default=0, help="the first N sentences only (0: all)")
+    # The matrices are small (thesis-size encoders): intra-op threads gain
+    # little, and on a busy machine 2 threads took 15 times longer than 1.
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+    args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error("--batch must be at least 1")
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        run(args, p)
+    except BadInput as err:
+        print(f"[faithfulness] error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
