@@ -1,0 +1,238 @@
+"""Discrete attention (J. Kinley, 2020): each attention row is a sampled choice.
+
+The thesis (Section 4.1, Eq. 4.1) replaces the attention weights A_i =
+softmax(L_i) of every head by one draw z_i ~ Categorical(A_i): the output row
+is the value at the chosen position, V_{z_i}. Training uses the
+Gumbel-softmax relaxation of that draw (Section 3.3, Jang et al. 2016;
+Maddison et al. 2016),
+
+    S_i = softmax((log A_i + G_i) / tau),   G_ij = -log(-log U_ij),  U ~ Uniform(0, 1),
+
+with tau = 1 throughout the thesis (Section 5.3); inference takes the argmax,
+S_i = one-hot(argmax_j L_ij), with no noise ("At inference time, we only use
+argmax attention", Section 1).
+
+All functions take scores of shape (B, H, T_q, T_k) and compute in float32
+(float64 stays float64, so gradcheck and exact references can run); callers
+cast the result to their dtype. Nothing here imports fairseq.
+
+Numerics: the thesis's ``-log(-log(U + 1e-20) + 1e-20)`` underflows in half
+precision (1e-20 is 0 in fp16), and a uniform draw of exactly 0 or 1 gives an
+infinite noise value. Here the noise is always drawn in float32 from a
+uniform clamped to [tiny, 1 - eps] of float32, so it lies in about
+[-4.5, 15.9] whatever the caller's dtype.
+"""
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from fairseq_dnas.attention import functional as AF
+
+SAMPLERS = ("gumbel", "soft")  # 'soft' is S = A = softmax(L) (no sampling)
+DISCRETE_SCHEMES = ("unas", "dnas")  # the distribution sampled from
+
+_F32 = torch.finfo(torch.float32)
+U_LOW = _F32.tiny  # smallest normal float32 > 0: -log(U) = 87.3, finite
+U_HIGH = 1.0 - _F32.eps  # 1 - 2^-23 < 1: -log(U) = 1.19e-7 > 0, so log() is finite
+
+# A finite stand-in for -inf inside the sample (the functional module's
+# value): a row whose keys are all forbidden then stays finite (uniform, then
+# zeroed), in the forward and in the gradient, where -inf would give NaN.
+NEG = AF.NEG
+
+
+def gumbel_from_uniform(u: Tensor) -> Tensor:
+    """G = -log(-log U) (Section 3.3) in float32, U clamped to [U_LOW, U_HIGH]
+    first, so U = 0 or U = 1 still give finite noise."""
+    u = u.to(torch.float32).clamp(U_LOW, U_HIGH)
+    return -torch.log(-torch.log(u))
+
+
+def gumbel_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
+    """float32 Gumbel(0, 1) noise of ``shape``, always finite (see module doc)."""
+    u = torch.rand(shape, device=device, dtype=torch.float32, generator=generator)
+    return gumbel_from_uniform(u)
+
+
+def masked_scores(scores: Tensor, key_padding_mask: Optional[Tensor] = None,
+                  attn_mask: Optional[Tensor] = None) -> Tensor:
+    """The attention logits L: scores in float32 (float64 stays float64) with
+    -inf at padded keys and fairseq's additive ``attn_mask`` added.
+
+    Args:
+        scores: (B, H, T_q, T_k) q.k / sqrt(d_k).
+        key_padding_mask: (B, T_k) bool, True at padding.
+        attn_mask: (T_q, T_k) float, 0 = allowed, -inf = forbidden (the
+            decoder's causal mask), as fairseq passes it.
+    """
+    s = scores.to(AF.compute_dtype(scores.dtype))
+    if attn_mask is not None:
+        s = s + attn_mask.to(s.dtype)
+    if key_padding_mask is not None:
+        s = s.masked_fill(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+    return s
+
+
+def _allowed(logits: Tensor) -> Tensor:
+    """True where a key may be chosen (its logit is not -inf)."""
+    return logits > float("-inf")
+
+
+def gumbel_softmax_probs(logits: Tensor, *, tau: float, hard: bool, noise: Tensor) -> Tensor:
+    """The relaxed sample S = softmax((log_softmax(L) + G) / tau) (Section 3.3).
+
+    Args:
+        logits: (..., T_k) L, -inf at keys that may not be chosen.
+        tau: the temperature, > 0.
+        hard: straight-through: the forward value is one-hot(argmax_j (log
+            A + G)) exactly, the gradient is the relaxed sample's.
+        noise: G, broadcastable to ``logits`` (float32 Gumbel noise).
+
+    Returns:
+        S in float32 (float64 for float64 logits): exactly 0 at -inf keys,
+        also after the noise; rows with no allowed key are all 0.
+    """
+    allowed = _allowed(logits)
+    log_a = torch.log_softmax(logits.masked_fill(~allowed, NEG), dim=-1)  # log A_i
+    y = (log_a + noise.to(log_a.dtype)) / tau
+    # Forbid the keys again after the noise: NEG + G is finite, so without
+    # this a tiny tau could still leave mass on a forbidden key.
+    soft = softmax_probs(y.masked_fill(~allowed, float("-inf")))
+    if not hard:
+        return soft
+    one_hot = _one_hot_argmax(y, allowed)
+    # one_hot + (soft - soft.detach()) is exactly one_hot in the forward
+    # (x - x = 0), and its gradient is soft's.
+    return one_hot + (soft - soft.detach())
+
+
+def softmax_probs(logits: Tensor) -> Tensor:
+    """A = softmax(L) over the allowed keys, exactly 0 at -inf keys; rows with
+    no allowed key are all 0 (not NaN)."""
+    allowed = _allowed(logits)
+    return torch.softmax(logits.masked_fill(~allowed, NEG), dim=-1).masked_fill(~allowed, 0.0)
+
+
+def _one_hot_argmax(y: Tensor, allowed: Tensor) -> Tensor:
+    index = y.argmax(dim=-1, keepdim=True)  # first maximum: ties go to the lowest index
+    one_hot = torch.zeros_like(y).scatter_(-1, index, 1.0)
+    return one_hot * allowed.any(dim=-1, keepdim=True).to(y.dtype)
+
+
+def argmax_one_hot(logits: Tensor) -> Tensor:
+    """S = one-hot(argmax_j L_ij), the inference-time attention (Section 1).
+
+    Ties go to the lowest index; rows whose keys are all -inf give zeros.
+    float32 (float64 for float64 logits).
+    """
+    y = logits.to(AF.compute_dtype(logits.dtype))
+    return _one_hot_argmax(y, _allowed(y)).detach()
+
+
+def distribution_logits(scores: Tensor, *, scheme: str = "unas", key_padding_mask: Optional[Tensor] = None,
+                        attn_mask: Optional[Tensor] = None, query_padding_mask: Optional[Tensor] = None,
+                        sinkhorn_iters: int = 1) -> Tensor:
+    """Logits of the categorical distribution each row samples from.
+
+    'unas' (the thesis): L itself (``masked_scores``), Categorical(softmax(L)).
+    'dnas': log pi_D of Ding et al. (2020), Algorithm 1, step 4 (columns over
+    the real queries, then rows), -inf at padded keys; self-attention of an
+    encoder only (it needs every query, so no ``attn_mask``).
+    """
+    if scheme == "unas":
+        return masked_scores(scores, key_padding_mask, attn_mask)
+    if scheme != "dnas":
+        raise ValueError(f"unknown discrete scheme {scheme!r}; choose one of {', '.join(DISCRETE_SCHEMES)}")
+    if attn_mask is not None:
+        raise ValueError("the DNAS distribution needs every query, so it cannot take a causal attn_mask")
+    s = scores.to(AF.compute_dtype(scores.dtype))
+    kmask, qmask = AF.broadcast_masks(key_padding_mask, query_padding_mask)
+    log_p = AF.dnas_log_probs(s, kmask, qmask, sinkhorn_iters)
+    return log_p if kmask is None else log_p.masked_fill(kmask, float("-inf"))
+
+
+def discrete_probs(scores: Tensor, *, key_padding_mask: Optional[Tensor] = None,
+                   attn_mask: Optional[Tensor] = None, tau: float = 1.0, hard: bool = False,
+                   training: bool = True, noise: Optional[Tensor] = None,
+                   generator: Optional[torch.Generator] = None, sampler: str = "gumbel",
+                   scheme: str = "unas", query_padding_mask: Optional[Tensor] = None,
+                   sinkhorn_iters: int = 1) -> Tensor:
+    """The attention S (B, H, T_q, T_k) a discrete model multiplies V with.
+
+    training: the relaxed sample ``gumbel_softmax_probs`` with ``noise`` (fresh
+    float32 Gumbel noise from ``generator``, or the default generator, when
+    None); eval: ``argmax_one_hot``, no noise. ``sampler='soft'`` gives
+    S = A = softmax(L) in both modes (the thesis's two-stream soft model, and
+    the parity switch of the single-stream one). ``scheme`` picks the
+    distribution (``distribution_logits``); ``query_padding_mask`` is used
+    by 'dnas' only (its column normalization). float32 (float64 for float64
+    scores); callers cast.
+    """
+    logits = distribution_logits(scores, scheme=scheme, key_padding_mask=key_padding_mask,
+                                 attn_mask=attn_mask, query_padding_mask=query_padding_mask,
+                                 sinkhorn_iters=sinkhorn_iters)
+    if sampler == "soft":
+        return softmax_probs(logits)
+    if sampler != "gumbel":
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+    if not training:
+        return argmax_one_hot(logits)
+    if noise is None:
+        noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
+    return gumbel_softmax_probs(logits, tau=tau, hard=hard, noise=noise)
+
+
+def check_temperature(tau) -> None:
+    """ValueError naming --gumbel-temperature unless tau is a finite number > 0."""
+    ok = isinstance(tau, (int, float)) and not isinstance(tau, bool) and math.isfinite(tau) and tau > 0
+    if not ok:
+        raise ValueError(
+            f"--gumbel-temperature must be a finite number > 0 (the thesis uses 1); got {tau!r}"
+        )
+
+
+class GumbelSchedule:
+    """Temperature annealing, geometric: tau(n) = start * (end / start) ** (min(n, updates) / updates).
+
+    The thesis keeps tau = 1 (Section 5.3) but names the usual practice of
+    starting high and annealing low (Section 3.3); a geometric decay moves
+    tau by the same factor per update (as Jang et al. anneal exponentially)
+    and stays at ``end`` after ``updates`` updates.
+    """
+
+    def __init__(self, start: float, end: float, updates: int):
+        for name, value in (("START", start), ("END", end)):
+            try:
+                check_temperature(value)
+            except ValueError:
+                raise ValueError(
+                    f"--gumbel-anneal START,END,UPDATES: {name} must be a finite number > 0; got {value!r}"
+                ) from None
+        if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
+            raise ValueError(f"--gumbel-anneal START,END,UPDATES: UPDATES must be an integer >= 1; got {updates!r}")
+        self.start, self.end, self.updates = float(start), float(end), updates
+
+    @classmethod
+    def parse(cls, spec: str) -> "GumbelSchedule":
+        """'START,END,UPDATES', e.g. '2,0.5,10000'."""
+        parts: Sequence[str] = [p.strip() for p in str(spec).split(",")]
+        if len(parts) != 3:
+            raise ValueError(f"--gumbel-anneal takes START,END,UPDATES (e.g. 2,0.5,10000); got {spec!r}")
+        try:
+            start, end = float(parts[0]), float(parts[1])
+            updates = int(parts[2])
+        except ValueError:
+            raise ValueError(
+                f"--gumbel-anneal takes START,END,UPDATES as two numbers and an integer (e.g. 2,0.5,10000); got {spec!r}"
+            ) from None
+        return cls(start, end, updates)
+
+    def __call__(self, num_updates: int) -> float:
+        frac = min(max(num_updates, 0), self.updates) / self.updates
+        return self.start * (self.end / self.start) ** frac
+
+    def __repr__(self):
+        return f"GumbelSchedule({self.start:g}, {self.end:g}, {self.updates})"
