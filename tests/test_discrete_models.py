@@ -346,3 +346,202 @@ def test_training_forward_samples_and_eval_is_deterministic():
     assert (a - b).abs().max() > 1e-4  # fresh noise per forward
     model.eval()
     assert torch.equal(model(src, lengths, tgt)[0], model(src, lengths, tgt)[0])
+
+
+# --- classification models in-process ---------------------------------------------
+
+
+def _roberta(arch, extra=(), seed=0):
+    from test_roberta_dnas import build
+
+    return build(arch, extra, seed=seed)
+
+
+def test_roberta_discrete_single_sizes_and_attention():
+    from fairseq_dnas.models.roberta_discrete import RobertaDiscreteSingleModel
+
+    model = _roberta("roberta_discrete_single_small")
+    assert isinstance(model, RobertaDiscreteSingleModel)
+    mods = model.attention_modules()
+    assert len(mods) == 2 and all(isinstance(m, DiscreteMultiheadAttention) for m in mods)
+    from test_roberta_dnas import roberta_args
+
+    for arch, sizes in (("roberta_discrete_single_thesis", (6, 64, 128, 4)), ("roberta_thesis", (6, 64, 128, 4)),
+                        ("roberta_discrete_single_small", (4, 128, 512, 4))):
+        a = roberta_args(arch, tiny=False)
+        assert (a.encoder_layers, a.encoder_embed_dim, a.encoder_ffn_embed_dim, a.encoder_attention_heads) == sizes
+
+
+def test_roberta_soft_equals_fairseqs_roberta_and_gumbel_does_not():
+    """A plain roberta's weights load into the discrete model (same names);
+    with S = softmax(L) the outputs are fairseq's (float32, to 1e-5), with the
+    argmax they are not."""
+    from test_roberta_dnas import tokens
+
+    plain = _roberta("roberta_small", seed=3)
+    soft = _roberta("roberta_discrete_single_small", ["--discrete-sampler", "soft"])
+    gumbel = _roberta("roberta_discrete_single_small")
+    x = tokens(plain)
+    out_p = plain(x)[0]
+    for model in (soft, gumbel):
+        model.load_state_dict(plain.state_dict(), strict=True)
+    torch.testing.assert_close(soft(x)[0], out_p, atol=1e-5, rtol=0)
+    assert (gumbel(x)[0] - out_p).abs().max() > 1e-2
+    # the temperature reaches the encoder's modules here too
+    g = _roberta("roberta_discrete_single_small", ["--gumbel-anneal", "1,0.1,10"])
+    g.set_num_updates(10)
+    assert [m.gumbel_temperature for m in g.attention_modules()] == [pytest.approx(0.1)] * 2
+
+
+# --- tiny end-to-end runs through fairseq's commands -------------------------------
+
+import os  # noqa: E402
+import random  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from helpers import BIN, ROOT, USER_DIR, WORDS, run, write_parallel_data  # noqa: E402
+
+TRAIN = ["--user-dir", USER_DIR, "--cpu", "--optimizer", "adam", "--lr", "2e-3", "--max-tokens", "1000",
+         "--no-progress-bar", "--log-interval", "5", "--seed", "1", "--no-epoch-checkpoints"]
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    """Binarized copy-task data (tests/helpers.py)."""
+    raw = tmp_path_factory.mktemp("discrete_raw")
+    write_parallel_data(raw)
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+         "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", raw / "bin", "--joined-dictionary",
+         "--workers", "1"])
+    return raw / "bin"
+
+
+@pytest.fixture(scope="module")
+def translation(data_bin, tmp_path_factory):
+    """fairseq's transformer_tiny trained 1 epoch and
+    transformer_discrete_single_tiny initialized from it and trained 3 more
+    (--finetune-from-model: a plain checkpoint of the same shape)."""
+    data = data_bin
+    root = tmp_path_factory.mktemp("discrete_ckpt")
+    plain, disc = root / "plain", root / "discrete"
+    run(["fairseq-train", data, "--arch", "transformer_tiny", *TRAIN, "--max-epoch", "1", "--save-dir", plain])
+    proc = run(["fairseq-train", data, "--arch", ARCH + "_tiny", *TRAIN, "--max-epoch", "3", "--save-dir", disc,
+                "--finetune-from-model", plain / "checkpoint_last.pt", "--gumbel-anneal", "2,0.5,40"])
+    return {"data": data, "plain": plain, "discrete": disc, "log": proc.stdout + proc.stderr}
+
+
+def _hypotheses(stdout):
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t(.*)$", stdout, re.M)}
+
+
+def test_train_from_a_plain_checkpoint_logs_the_temperature(translation):
+    log = translation["log"]
+    assert "loading pretrained model" in log and "done training" in log
+    taus = [float(t) for t in re.findall(r"gumbel_tau[ =](\d+\.\d+)", log)]
+    assert taus and taus[-1] < taus[0] <= 2.0  # annealed down, logged with the training loss
+
+
+def test_generate_beam_4_and_interactive(translation):
+    ckpt = translation["discrete"] / "checkpoint_best.pt"
+    proc = run(["fairseq-generate", translation["data"], "--user-dir", USER_DIR, "--cpu", "--path", ckpt,
+                "--beam", "4", "--batch-size", "8", "--required-batch-size-multiple", "1"])
+    hyps = _hypotheses(proc.stdout)
+    assert sorted(hyps) == list(range(25)) and all(h.strip() for h in hyps.values())
+    proc = run(["fairseq-interactive", translation["data"], "--user-dir", USER_DIR, "--cpu", "--path", ckpt,
+                "--beam", "2", "--source-lang", "src", "--target-lang", "tgt"], input="w1 w2 w3 w4\nw5 w6 w7\n")
+    assert len(_hypotheses(proc.stdout)) == 2
+
+
+def test_loaded_checkpoint_runs_discrete_attention(translation):
+    """After loading (eval mode): every attention is one-hot, the model
+    carries the trained plain weights' names, and the plain transformer with
+    the same weights gives other outputs."""
+    from fairseq import checkpoint_utils
+    from fairseq.models.transformer import TransformerModel
+
+    import fairseq_dnas.plugin  # noqa: F401  (its checkpoint patches: torch >= 2.6 loads fairseq checkpoints)
+
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(translation["discrete"] / "checkpoint_best.pt")])
+    model = models[0].eval()
+    tokens = random_tokens([6, 11, 9], 11, task.source_dictionary)
+    for p in _capture_encoder_probs(model, tokens).values():
+        assert set(p.unique().tolist()) == {0.0, 1.0}
+    plain = TransformerModel.build_model(cfg.model, task).eval()
+    plain.load_state_dict(model.state_dict(), strict=True)
+    assert (_encode(model, tokens)["encoder_out"][0] - _encode(plain, tokens)["encoder_out"][0]).abs().max() > 1e-3
+
+
+def _sentences(n, rng):
+    """Label 1 iff the sentence holds w3: learnable from one attended token."""
+    rows = []
+    for _ in range(n):
+        words = [rng.choice(WORDS[:12]) for _ in range(rng.randint(3, 10))]
+        rows.append((" ".join(words), int("w3" in words)))
+    return rows
+
+
+def test_sentence_prediction_and_sentence_classify_score(tmp_path):
+    """roberta_discrete_single_thesis trained with --task sentence_prediction,
+    then scored by scripts/sentence_classify.py, unchanged."""
+    import sentencepiece as spm
+
+    rng = random.Random(0)
+    text = tmp_path / "text"
+    text.mkdir()
+    splits = {"train": _sentences(160, rng), "valid": _sentences(40, rng), "test": _sentences(40, rng)}
+    (text / "all.txt").write_text("".join(s + "\n" for rows in splits.values() for s, _ in rows))
+    (tmp_path / "bin").mkdir()
+    # one piece per word (12 words and <unk>): sentence_classify.py finds it as BIN/../sp.model
+    spm.SentencePieceTrainer.train(input=str(text / "all.txt"), model_prefix=str(tmp_path / "bin" / "sp"),
+                                   model_type="word", vocab_size=13, bos_id=-1, eos_id=-1, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "bin" / "sp.model"))
+    for split in ("train", "valid"):
+        rows = splits[split]
+        (text / f"{split}.sp").write_text("".join(" ".join(sp.encode(s, out_type=str)) + "\n" for s, _ in rows))
+        (text / f"{split}.label").write_text("".join(f"{y}\n" for _, y in rows))
+    data = tmp_path / "bin" / "task"
+    run(["fairseq-preprocess", "--only-source", "--trainpref", text / "train.sp", "--validpref", text / "valid.sp",
+         "--destdir", data / "input0", "--workers", "1"])
+    run(["fairseq-preprocess", "--only-source", "--trainpref", text / "train.label", "--validpref",
+         text / "valid.label", "--destdir", data / "label", "--workers", "1"])
+    save = tmp_path / "ckpt"
+    proc = run(["fairseq-train", data, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+                "--num-classes", "2", "--init-token", "0", "--separator-token", "2", "--max-positions", "64",
+                "--arch", "roberta_discrete_single_thesis", "--user-dir", USER_DIR, "--cpu", "--optimizer", "adam",
+                "--lr", "2e-3", "--batch-size", "16", "--max-epoch", "3", "--no-epoch-checkpoints",
+                "--no-progress-bar", "--log-interval", "5", "--seed", "1", "--save-dir", save,
+                "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"])
+    assert "done training" in proc.stdout + proc.stderr
+    test_tsv = tmp_path / "test.tsv"
+    test_tsv.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in splits["test"]))
+    proc = run([sys.executable, os.path.join(ROOT, "scripts", "sentence_classify.py"), "score",
+                save / "checkpoint_best.pt", test_tsv])
+    import json
+
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["n"] == 40 and 0.0 <= result["accuracy"] <= 1.0
+    majority = max(sum(y for _, y in splits["test"]), 40 - sum(y for _, y in splits["test"])) / 40
+    assert result["accuracy"] > majority  # it learned something: above the majority class
+
+
+def _plain_train(*args):
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([os.path.join(BIN, "fairseq-train"), *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--gumbel-temperature", "0"], "--gumbel-temperature must be a finite number > 0"),
+    (["--gumbel-anneal", "2,0.5"], "--gumbel-anneal takes START,END,UPDATES"),
+    (["--sinkhorn-iters", "2"], "add --discrete-scheme dnas"),
+])
+def test_bad_flags_through_plain_fairseq_train_give_one_line(data_bin, tmp_path, flags, says):
+    proc = _plain_train(data_bin, "--user-dir", USER_DIR, "--arch", ARCH + "_tiny", "--cpu",
+                        "--optimizer", "adam", "--lr", "1e-3", "--max-update", "1", "--batch-size", "8", "--save-dir", tmp_path,
+                        *flags)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], proc.stderr[-3000:]
