@@ -114,6 +114,33 @@ def test_gumbel_module_matches_float64_reference(kind, hard):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_fused_training_path_equals_the_explicit_sample(kind, monkeypatch):
+    """Training calls that ask for no weights run torch's fused attention with
+    the noise as an additive mask (gumbel_attention); with the same noise
+    (same seed) the output and the gradients are the explicit S v's (float64,
+    1e-12)."""
+    _, disc = _pair(kind, sampler="gumbel")
+    disc.train()
+    disc.gumbel_temperature = 0.7
+    calls = []
+    fused = DA.gumbel_attention
+    monkeypatch.setattr(DA, "gumbel_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    results = []
+    for need_weights in (False, True):
+        kw = _inputs(kind)
+        x = kw["query"].clone().requires_grad_(True)
+        kw.update(query=x, key=x if kind != "cross" else kw["key"], value=x if kind != "cross" else kw["value"])
+        torch.manual_seed(11)
+        out, _ = disc(**kw, need_weights=need_weights)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), x.grad, disc.q_proj.weight.grad.clone()))
+        disc.zero_grad()
+    assert calls == [1]  # the fused path ran once, the explicit one once
+    for fused_r, explicit_r in zip(*results):
+        torch.testing.assert_close(fused_r, explicit_r, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_eval_weights_are_exactly_one_hot(kind):
     _, disc = _pair(kind, sampler="gumbel")
     disc.eval()
