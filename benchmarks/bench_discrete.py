@@ -25,7 +25,7 @@ import torch
 
 import bench_common as common
 from bench_common import CpuLoad, log, timed_rounds
-from bench_model import build_models, synthetic_batch
+from bench_model import build_models, generation_calls, synthetic_batch, training_steps
 
 ARCHS = {"transformer": "transformer", "discrete_single": "transformer_discrete_single"}
 SIZES = {
@@ -41,62 +41,16 @@ SIZES = {
 }
 
 
-def update_section(args):
-    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
-
-    models, task, d = build_models(args, ARCHS, [*SIZES[args.size], "--attention-dropout", "0.1"], args.vocab)
-    sample = synthetic_batch(d, args.batch, args.src_len, args.tgt_len)
-    steps = {}
-    for name, (m, _) in models.items():
-        m.train()
-        crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
-        opt = torch.optim.Adam(m.parameters(), lr=1e-5)
-
-        def step(m=m, crit=crit, opt=opt):
-            opt.zero_grad(set_to_none=True)
-            loss, _, _ = crit(m, sample)
-            loss.backward()
-            opt.step()
-
-        steps[name] = step
-    log(f"training update, size {args.size}, batch {args.batch} x {args.src_len}/{args.tgt_len} tokens")
+def timed_section(args, section, build, extra):
+    """Time ``build(models, task, d)``'s calls of both models, interleaved."""
+    models, task, d = build_models(args, ARCHS, [*SIZES[args.size], *extra], args.vocab)
     with CpuLoad() as load:
-        timing = timed_rounds(steps, 1, args.rounds, "transformer")
+        timing = timed_rounds(build(models, task, d), 1, args.rounds, "transformer")
     rows = []
     for name, t in timing.items():
-        rows.append({"section": "update", "model": name, "arch": ARCHS[name], "size": args.size,
+        rows.append({"section": section, "model": name, "arch": ARCHS[name], "size": args.size,
                      "median_s": t["median_s"], "times_s": t["times_s"], "time_ratio": t["ratio"],
-                     "target": 1.15 if name != "transformer" else None, "foreign_cpu": load.foreign_fraction})
-        log(f"  {name:16s} {t['median_s']:7.3f} s/update  x{t['ratio']:.3f}")
-    return rows
-
-
-def generate_section(args):
-    from fairseq.sequence_generator import SequenceGenerator
-
-    models, task, d = build_models(args, ARCHS, [*SIZES[args.size], "--dropout", "0"], args.vocab)
-    sample = synthetic_batch(d, args.gen_batch, args.src_len, args.tgt_len, seed=3)
-    calls = {}
-    for name, (m, _) in models.items():
-        m.eval()
-        # min_len = max_len: every hypothesis runs the same number of decoder steps
-        gen = SequenceGenerator([m], d, beam_size=4, max_len_a=0, max_len_b=args.tgt_len - 1,
-                                min_len=args.tgt_len - 1)
-
-        def call(gen=gen, m=m):
-            with torch.no_grad():
-                gen.generate([m], sample)
-
-        calls[name] = call
-    log(f"generation, beam 4, size {args.size}, {args.gen_batch} sentences x {args.tgt_len} tokens")
-    with CpuLoad() as load:
-        timing = timed_rounds(calls, 1, args.rounds, "transformer")
-    rows = []
-    for name, t in timing.items():
-        rows.append({"section": "generate", "model": name, "arch": ARCHS[name], "size": args.size,
-                     "median_s": t["median_s"], "sentences_per_s": args.gen_batch / t["median_s"],
-                     "time_ratio": t["ratio"], "foreign_cpu": load.foreign_fraction})
-        log(f"  {name:16s} {args.gen_batch / t['median_s']:7.2f} sentences/s  x{t['ratio']:.3f}")
+                     "foreign_cpu": load.foreign_fraction})
     return rows
 
 
@@ -112,7 +66,22 @@ def main(argv=None):
     p.add_argument("--json", help="write the rows and the machine here")
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    rows = update_section(args) + generate_section(args)
+
+    log(f"training update, size {args.size}, batch {args.batch} x {args.src_len}/{args.tgt_len} tokens")
+    rows = timed_section(args, "update", lambda models, task, d: training_steps(
+        models, task, synthetic_batch(d, args.batch, args.src_len, args.tgt_len)), ["--attention-dropout", "0.1"])
+    for r in rows:
+        log(f"  {r['model']:16s} {r['median_s']:7.3f} s/update  x{r['time_ratio']:.3f} (target <= 1.15)")
+
+    log(f"generation, beam 4, size {args.size}, {args.gen_batch} sentences x {args.tgt_len} tokens")
+    gen = timed_section(args, "generate", lambda models, task, d: generation_calls(
+        models, d, synthetic_batch(d, args.gen_batch, args.src_len, args.tgt_len, seed=3), args.tgt_len),
+        ["--dropout", "0"])
+    for r in gen:
+        r["sentences_per_s"] = args.gen_batch / r["median_s"]
+        log(f"  {r['model']:16s} {r['sentences_per_s']:7.2f} sentences/s  x{r['time_ratio']:.3f} (time)")
+    rows += gen
+    log(f"other processes' CPU load during the run: {rows[0]['foreign_cpu']:.0%} / {gen[0]['foreign_cpu']:.0%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": common.machine(), "settings": vars(args), "rows": rows}, f, indent=1)

@@ -23,6 +23,9 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_dnas.attention import discrete as DA
+from fairseq_dnas.modules.dnas_multihead_attention import fairseq_weights
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 class DiscreteMultiheadAttention(MultiheadAttention):
@@ -111,20 +114,12 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         return (self.training and self.sampler == "gumbel" and not self.gumbel_hard
                 and self.discrete_scheme == "unas" and not need_weights and beam == 1)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Input (T, B, C) as in fairseq; returns (output (T_q, B, C), S).
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
+                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """fairseq's ``MultiheadAttention.forward`` arguments; input (T, B, C);
+        returns (output (T_q, B, C), S).
 
         S, when asked for, is (B, T_q, T_k) averaged over heads or
         (H, B, T_q, T_k) with ``need_head_weights``: the float32 attention
@@ -211,9 +206,5 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         out = out.reshape(bsz, heads, tgt_len, head_dim).permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         out = self.out_proj(out)
 
-        weights: Optional[Tensor] = None
-        if need_weights:
-            weights = probs.transpose(0, 1)  # (H, B, T_q, T_k), fairseq's layout
-            if not need_head_weights:
-                weights = weights.mean(dim=0)
-        return out, weights
+        return out, fairseq_weights(probs, need_weights, need_head_weights)
+
