@@ -38,6 +38,10 @@ DISCRETE_SCHEMES = ("unas", "dnas")  # the distribution sampled from
 _F32 = torch.finfo(torch.float32)
 U_LOW = _F32.tiny  # smallest normal float32 > 0: -log(U) = 87.3, finite
 U_HIGH = 1.0 - _F32.eps  # 1 - 2^-23 < 1: -log(U) = 1.19e-7 > 0, so log() is finite
+# The same bounds on E = -log U, the exponential variable (-log of the
+# clamped uniform, computed in float32 as the noise is).
+E_LOW = float(-torch.tensor(U_HIGH, dtype=torch.float32).log())
+E_HIGH = float(-torch.tensor(U_LOW, dtype=torch.float32).log())
 
 # A finite stand-in for -inf inside the sample (the functional module's
 # value): a row whose keys are all forbidden then stays finite (uniform, then
@@ -48,17 +52,22 @@ NEG = AF.NEG
 def gumbel_from_uniform(u: Tensor) -> Tensor:
     """G = -log(-log U) (Section 3.3) in float32, U clamped to [U_LOW, U_HIGH]
     first, so U = 0 or U = 1 still give finite noise."""
-    return _gumbel_in_place(u.to(torch.float32).clone())
+    return _gumbel_from_exponential(u.to(torch.float32).clamp(U_LOW, U_HIGH).log_().neg_())
 
 
-def _gumbel_in_place(u: Tensor) -> Tensor:
-    # in place: a T x T x heads buffer is written four times, allocated once
-    return u.clamp_(U_LOW, U_HIGH).log_().neg_().log_().neg_()
+def _gumbel_from_exponential(e: Tensor) -> Tensor:
+    """G = -log E for E = -log U ~ Exp(1), in place, E clamped to the bounds
+    of the clamped uniform [E_LOW, E_HIGH]."""
+    return e.clamp_(E_LOW, E_HIGH).log_().neg_()
 
 
 def gumbel_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
-    """float32 Gumbel(0, 1) noise of ``shape``, always finite (see module doc)."""
-    return _gumbel_in_place(torch.rand(shape, device=device, dtype=torch.float32, generator=generator))
+    """float32 Gumbel(0, 1) noise of ``shape``, always finite: -log(-log U)
+    with U uniform clamped to [tiny, 1 - eps] of float32. E = -log U is drawn
+    directly as Exp(1) (torch's ``exponential_``, the same distribution, two
+    passes over the buffer fewer) and clamped to the same bounds."""
+    e = torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator)
+    return _gumbel_from_exponential(e)
 
 
 def masked_scores(scores: Tensor, key_padding_mask: Optional[Tensor] = None,
@@ -160,9 +169,11 @@ def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: floa
     shape = (q.size(0), q.size(1), q.size(2), k.size(2))
     dtype = AF.compute_dtype(q.dtype)
     if noise is None:
-        m = gumbel_noise(shape, device=q.device, generator=generator).to(dtype).div_(tau)
+        m = gumbel_noise(shape, device=q.device, generator=generator).to(dtype)
     else:
-        m = noise.to(dtype) / tau  # a new tensor: the caller's noise stays as it was
+        m = noise.to(dtype, copy=True)  # the caller's noise stays as it was
+    if tau != 1.0:  # (the thesis's tau = 1 needs no pass)
+        m.div_(tau)
     if attn_mask is not None:
         m = m + attn_mask.to(dtype) / tau
     if key_padding_mask is not None:

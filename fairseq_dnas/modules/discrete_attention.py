@@ -71,8 +71,9 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         return s
 
     def _project(self, query, key, value, static_cached: bool):
-        """q (T_q, B, C) scaled, k and v (T_k, B_kv, C) or None when cached."""
-        q = self.q_proj(query) * self.scaling
+        """q (T_q, B, C) (not yet scaled by 1 / sqrt(d_k)), k and v (T_k,
+        B_kv, C) or None when cached."""
+        q = self.q_proj(query)
         if self.self_attention:
             return q, self.k_proj(query), self.v_proj(query)
         if static_cached or key is None:
@@ -167,7 +168,7 @@ class DiscreteMultiheadAttention(MultiheadAttention):
                 q.view(bsz, heads, tgt_len, head_dim),
                 k.view(bsz, heads, src_len, head_dim),
                 v.view(bsz, heads, src_len, head_dim),
-                scale=1.0,  # q is already scaled by 1 / sqrt(d_k)
+                scale=self.scaling,  # 1 / sqrt(d_k), applied inside the fused kernel
                 tau=self.gumbel_temperature,
                 key_padding_mask=key_padding_mask,
                 attn_mask=attn_mask,
@@ -176,6 +177,7 @@ class DiscreteMultiheadAttention(MultiheadAttention):
             out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)  # (B, H, T, D) -> (T, B, C)
             return self.out_proj(out), None
 
+        q = q * self.scaling
         if beam == 1:
             scores = torch.bmm(q, k.transpose(1, 2))  # (B * H, T_q, T_k)
         else:  # (B_kv, beam, H, T_q, D) @ (B_kv, 1, H, D, T_k)
