@@ -9,6 +9,9 @@ the exact inputs of that call and runs the *same module* once more with
 
 - ``DNASMultiheadAttention`` in 'dnas'/'hnas' mode returns the very
   probabilities its forward multiplies with V (one code path, ``attend``);
+- ``DiscreteMultiheadAttention`` returns the S it multiplied V with (in eval
+  mode one-hot rows, the argmax; in training mode the re-run would draw new
+  noise, and the output check below refuses it);
 - fairseq's ``MultiheadAttention`` (UNAS, the decoder, a plain
   ``transformer``) is sent through its own Python implementation
   (``skip_embed_dim_check=True`` routes around the torch kernel), the same
@@ -40,7 +43,7 @@ class Site:
     kind: str  # 'encoder_self', 'decoder_self' (causal) or 'decoder_cross'
     layer: int  # 0 = bottom
     module: nn.Module
-    scheme: str  # 'unas', 'dnas' or 'hnas'
+    scheme: str  # 'unas', 'dnas', 'hnas', or a module's ``capture_name`` ('discrete')
 
     @property
     def hybrid_weight(self) -> Optional[List[float]]:
@@ -62,18 +65,24 @@ def is_encoder_only(model) -> bool:
     return getattr(model, "decoder", None) is None
 
 
+def site_scheme(module) -> str:
+    """What the module's weights are: its ``capture_name`` (a discrete
+    attention module's 'discrete': the S it multiplied V with, one-hot rows
+    in eval mode), else its DNAS scheme, else 'unas' (fairseq's softmax)."""
+    return getattr(module, "capture_name", None) or getattr(module, "scheme", "unas")
+
+
 def attention_sites(model, decoder: bool = True) -> List[Site]:
     """Every attention module of a fairseq encoder-decoder Transformer, or of
     an encoder-only RoBERTa, bottom up."""
     sites = []
     for layer, block in enumerate(encoder_stack(model).layers):
-        m = block.self_attn
-        sites.append(Site("encoder_self", layer, m, getattr(m, "scheme", "unas")))
+        sites.append(Site("encoder_self", layer, block.self_attn, site_scheme(block.self_attn)))
     if decoder and getattr(model, "decoder", None) is not None:
         for layer, block in enumerate(model.decoder.layers):
-            sites.append(Site("decoder_self", layer, block.self_attn, "unas"))
+            sites.append(Site("decoder_self", layer, block.self_attn, site_scheme(block.self_attn)))
             if getattr(block, "encoder_attn", None) is not None:
-                sites.append(Site("decoder_cross", layer, block.encoder_attn, "unas"))
+                sites.append(Site("decoder_cross", layer, block.encoder_attn, site_scheme(block.encoder_attn)))
     return sites
 
 

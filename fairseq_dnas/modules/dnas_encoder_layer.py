@@ -13,7 +13,8 @@ from fairseq_dnas.modules.dnas_multihead_attention import DNASMultiheadAttention
 
 
 class DNASTransformerEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer with a ``DNASMultiheadAttention`` inside.
+    """fairseq's encoder layer with a ``DNASMultiheadAttention`` inside
+    (``attention_class``, built with ``attention_settings(cfg)``).
 
     The scheme settings are read from ``cfg`` (``encoder_attention_scheme``,
     ``sinkhorn_iters``, ``hybrid_init``, ``hybrid_weight_per``).
@@ -33,32 +34,44 @@ class DNASTransformerEncoderLayer(TransformerEncoderLayerBase):
     def can_use_fastpath(self, value):
         pass  # fairseq 0.12.2's __init__ assigns it; ignore that
 
+    attention_class = DNASMultiheadAttention
+
+    @staticmethod
+    def attention_settings(cfg) -> dict:
+        """``attention_class``'s own keywords, read from ``cfg``."""
+        return dict(scheme=cfg.encoder_attention_scheme, sinkhorn_iters=cfg.sinkhorn_iters,
+                    hybrid_init=cfg.hybrid_init, hybrid_per=cfg.hybrid_weight_per)
+
     def build_self_attention(self, embed_dim, cfg):
-        return DNASMultiheadAttention(
+        return self.attention_class(
             embed_dim,
             cfg.encoder.attention_heads,
             dropout=cfg.attention_dropout,
             self_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
-            scheme=cfg.encoder_attention_scheme,
-            sinkhorn_iters=cfg.sinkhorn_iters,
-            hybrid_init=cfg.hybrid_init,
-            hybrid_per=cfg.hybrid_weight_per,
+            **self.attention_settings(cfg),
         )
 
 
+def wrap_layer(layer, cfg):
+    """The wrapping of fairseq's ``build_encoder_layer`` / ``build_decoder_layer``:
+    activation checkpointing, then FSDP (always, when checkpointing)."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
 class DNASTransformerEncoder(TransformerEncoderBase):
-    """fairseq's Transformer encoder built from ``DNASTransformerEncoderLayer``."""
+    """fairseq's Transformer encoder built from ``layer_class`` layers
+    (``DNASTransformerEncoderLayer`` here)."""
+
+    layer_class = DNASTransformerEncoderLayer
 
     def build_encoder_layer(self, cfg):
-        layer = DNASTransformerEncoderLayer(cfg, return_fc=self.return_fc)
-        # Same wrapping as TransformerEncoderBase.build_encoder_layer.
-        checkpoint = cfg.checkpoint_activations
-        if checkpoint:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+        return wrap_layer(self.layer_class(cfg, return_fc=self.return_fc), cfg)
 
     def attention_modules(self):
         """The encoder's DNASMultiheadAttention modules, bottom layer first."""

@@ -1,0 +1,290 @@
+"""Discrete attention (J. Kinley, 2020): each attention row is a sampled choice.
+
+The thesis (Section 4.1, Eq. 4.1) replaces the attention weights A_i =
+softmax(L_i) of every head by one draw z_i ~ Categorical(A_i): the output row
+is the value at the chosen position, V_{z_i}. Training uses the
+Gumbel-softmax relaxation of that draw (Section 3.3, Jang et al. 2016;
+Maddison et al. 2016),
+
+    S_i = softmax((log A_i + G_i) / tau),   G_ij = -log(-log U_ij),  U ~ Uniform(0, 1),
+
+with tau = 1 throughout the thesis (Section 5.3); inference takes the argmax,
+S_i = one-hot(argmax_j L_ij), with no noise ("At inference time, we only use
+argmax attention", Section 1).
+
+All functions take scores of shape (B, H, T_q, T_k) and compute in float32
+(float64 stays float64, so gradcheck and exact references can run); callers
+cast the result to their dtype. Nothing here imports fairseq.
+
+Numerics: the thesis's ``-log(-log(U + 1e-20) + 1e-20)`` underflows in half
+precision (1e-20 is 0 in fp16), and a uniform draw of exactly 0 or 1 gives an
+infinite noise value. Here the noise is always drawn in float32 from a
+uniform clamped to [tiny, 1 - eps] of float32, so it lies in about
+[-4.5, 15.9] whatever the caller's dtype.
+"""
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq_dnas.attention import functional as AF
+
+SAMPLERS = ("gumbel", "soft")  # 'soft' is S = A = softmax(L) (no sampling)
+DISCRETE_SCHEMES = ("unas", "dnas")  # the distribution sampled from
+
+_F32 = torch.finfo(torch.float32)
+U_LOW = _F32.tiny  # smallest normal float32 > 0: -log(U) = 87.3, finite
+U_HIGH = 1.0 - _F32.eps  # 1 - 2^-23 < 1: -log(U) = 1.19e-7 > 0, so log() is finite
+# The same bounds on E = -log U, the exponential variable (-log of the
+# clamped uniform, computed in float32 as the noise is).
+E_LOW = float(-torch.tensor(U_HIGH, dtype=torch.float32).log())
+E_HIGH = float(-torch.tensor(U_LOW, dtype=torch.float32).log())
+
+# A finite stand-in for -inf inside the sample (the functional module's
+# value): a row whose keys are all forbidden then stays finite (uniform, then
+# zeroed), in the forward and in the gradient, where -inf would give NaN.
+NEG = AF.NEG
+
+
+def gumbel_from_uniform(u: Tensor) -> Tensor:
+    """G = -log(-log U) (Section 3.3) in float32, U clamped to [U_LOW, U_HIGH]
+    first, so U = 0 or U = 1 still give finite noise."""
+    return _gumbel_from_exponential(u.to(torch.float32).clamp(U_LOW, U_HIGH).log_().neg_())
+
+
+def _gumbel_from_exponential(e: Tensor) -> Tensor:
+    """G = -log E for E = -log U ~ Exp(1), in place, E clamped to the bounds
+    of the clamped uniform [E_LOW, E_HIGH]."""
+    return e.clamp_(E_LOW, E_HIGH).log_().neg_()
+
+
+def gumbel_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
+    """float32 Gumbel(0, 1) noise of ``shape``, always finite: -log(-log U)
+    with U uniform clamped to [tiny, 1 - eps] of float32. E = -log U is drawn
+    directly as Exp(1) (torch's ``exponential_``, the same distribution, two
+    passes over the buffer fewer) and clamped to the same bounds."""
+    e = torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator)
+    return _gumbel_from_exponential(e)
+
+
+def masked_scores(scores: Tensor, key_padding_mask: Optional[Tensor] = None,
+                  attn_mask: Optional[Tensor] = None) -> Tensor:
+    """The attention logits L: scores in float32 (float64 stays float64) with
+    -inf at padded keys and fairseq's additive ``attn_mask`` added.
+
+    Args:
+        scores: (B, H, T_q, T_k) q.k / sqrt(d_k).
+        key_padding_mask: (B, T_k) bool, True at padding.
+        attn_mask: (T_q, T_k) float, 0 = allowed, -inf = forbidden (the
+            decoder's causal mask), as fairseq passes it.
+    """
+    s = scores.to(AF.compute_dtype(scores.dtype))
+    if attn_mask is not None:
+        s = s + attn_mask.to(s.dtype)
+    if key_padding_mask is not None:
+        s = s.masked_fill(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+    return s
+
+
+def _rows_with_keys(logits: Tensor) -> Tensor:
+    """(..., 1): 1 where the row has a key that may be chosen, else 0."""
+    return (logits.amax(dim=-1, keepdim=True) > float("-inf")).to(logits.dtype)
+
+
+def softmax_probs(logits: Tensor) -> Tensor:
+    """A = softmax(L) over the allowed keys, exactly 0 at -inf keys; rows with
+    no allowed key are all 0, not NaN (forward and gradient)."""
+    # -inf -> NEG: exp(NEG - max) is exactly 0 beside any real logit, and a
+    # row of NEG alone is finite (uniform, then zeroed), where -inf gives NaN.
+    return torch.softmax(logits.clamp_min(NEG), dim=-1) * _rows_with_keys(logits)
+
+
+def gumbel_softmax_probs(logits: Tensor, *, tau: float, hard: bool, noise: Tensor) -> Tensor:
+    """The relaxed sample S = softmax((log_softmax(L) + G) / tau) (Section 3.3).
+
+    Args:
+        logits: (..., T_k) L, -inf at keys that may not be chosen.
+        tau: the temperature, > 0.
+        hard: straight-through: the forward value is one-hot(argmax_j (L + G))
+            exactly, the gradient is the relaxed sample's.
+        noise: G, broadcastable to ``logits`` (float32 Gumbel noise).
+
+    Returns:
+        S in float32 (float64 for float64 logits): exactly 0 at -inf keys,
+        also after the noise (-inf + G = -inf); rows with no allowed key are
+        all 0.
+    """
+    # log_softmax(L) = L - logsumexp(L) shifts a whole row by one constant,
+    # and softmax is shift-invariant: softmax((L + G) / tau) is the same
+    # sample, one pass over T x T fewer.
+    y = (logits + noise.to(logits.dtype)) / tau
+    soft = softmax_probs(y)
+    if not hard:
+        return soft
+    # one_hot + (soft - soft.detach()) is exactly one_hot in the forward
+    # (x - x = 0), and its gradient is soft's.
+    return _one_hot_argmax(y) + (soft - soft.detach())
+
+
+def _one_hot_argmax(y: Tensor) -> Tensor:
+    index = y.argmax(dim=-1, keepdim=True)  # first maximum: ties go to the lowest index
+    return torch.zeros_like(y).scatter_(-1, index, 1.0) * _rows_with_keys(y)
+
+
+def argmax_one_hot(logits: Tensor) -> Tensor:
+    """S = one-hot(argmax_j L_ij), the inference-time attention (Section 1).
+
+    Ties go to the lowest index; rows whose keys are all -inf give zeros.
+    float32 (float64 for float64 logits).
+    """
+    return _one_hot_argmax(logits.detach().to(AF.compute_dtype(logits.dtype)))
+
+
+def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: float,
+                     key_padding_mask: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+                     dropout_p: float = 0.0, noise: Optional[Tensor] = None,
+                     generator: Optional[torch.Generator] = None) -> Tensor:
+    """S v for the relaxed sample (``hard=False``, scheme 'unas') through
+    torch's fused ``scaled_dot_product_attention``, which keeps no T x T
+    probabilities for the backward on its fused kernels.
+
+    With L = q k^T * scale, softmax((L + G) / tau) = softmax(q k^T * (scale /
+    tau) + M), M = (G + attn_mask) / tau with padded keys at the dtype's
+    lowest value: the noise enters as an additive mask. The gradient is the
+    relaxed sample's, as in ``discrete_probs``. Attention dropout
+    (``dropout_p``) drops entries of S as fairseq does.
+
+    Args:
+        q: (B, H, T_q, D); k, v: (B, H, T_k, D).
+        noise: G, (B, H, T_q, T_k) float32; drawn (``gumbel_noise``) when None.
+
+    Returns:
+        (B, H, T_q, D) in v's dtype. A row with no allowed key gives a finite
+        average of the values (``discrete_probs`` gives 0 there); fairseq's
+        models never have one.
+    """
+    shape = (q.size(0), q.size(1), q.size(2), k.size(2))
+    dtype = AF.compute_dtype(q.dtype)
+    if noise is None:
+        m = gumbel_noise(shape, device=q.device, generator=generator).to(dtype)
+    else:
+        m = noise.to(dtype, copy=True)  # the caller's noise stays as it was
+    if tau != 1.0:  # (the thesis's tau = 1 needs no pass)
+        m.div_(tau)
+    if attn_mask is not None:
+        m = m + attn_mask.to(dtype) / tau
+    if key_padding_mask is not None:
+        m.masked_fill_(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+    # -inf -> a finite lowest value (NEG, or half precision's lowest): a row
+    # with no allowed key stays finite
+    m = m.clamp_min_(max(NEG, torch.finfo(q.dtype).min)).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale / tau)
+
+
+def distribution_logits(scores: Tensor, *, scheme: str = "unas", key_padding_mask: Optional[Tensor] = None,
+                        attn_mask: Optional[Tensor] = None, query_padding_mask: Optional[Tensor] = None,
+                        sinkhorn_iters: int = 1) -> Tensor:
+    """Logits of the categorical distribution each row samples from.
+
+    'unas' (the thesis): L itself (``masked_scores``), Categorical(softmax(L)).
+    'dnas': log pi_D of Ding et al. (2020), Algorithm 1, step 4 (columns over
+    the real queries, then rows), -inf at padded keys; self-attention of an
+    encoder only (it needs every query, so no ``attn_mask``).
+    """
+    if scheme == "unas":
+        return masked_scores(scores, key_padding_mask, attn_mask)
+    if scheme != "dnas":
+        raise ValueError(f"unknown discrete scheme {scheme!r}; choose one of {', '.join(DISCRETE_SCHEMES)}")
+    if attn_mask is not None:
+        raise ValueError("the DNAS distribution needs every query, so it cannot take a causal attn_mask")
+    s = scores.to(AF.compute_dtype(scores.dtype))
+    kmask, qmask = AF.broadcast_masks(key_padding_mask, query_padding_mask)
+    log_p = AF.dnas_log_probs(s, kmask, qmask, sinkhorn_iters)
+    return log_p if kmask is None else log_p.masked_fill(kmask, float("-inf"))
+
+
+def discrete_probs(scores: Tensor, *, key_padding_mask: Optional[Tensor] = None,
+                   attn_mask: Optional[Tensor] = None, tau: float = 1.0, hard: bool = False,
+                   training: bool = True, noise: Optional[Tensor] = None,
+                   generator: Optional[torch.Generator] = None, sampler: str = "gumbel",
+                   scheme: str = "unas", query_padding_mask: Optional[Tensor] = None,
+                   sinkhorn_iters: int = 1) -> Tensor:
+    """The attention S (B, H, T_q, T_k) a discrete model multiplies V with.
+
+    training: the relaxed sample ``gumbel_softmax_probs`` with ``noise`` (fresh
+    float32 Gumbel noise from ``generator``, or the default generator, when
+    None); eval: ``argmax_one_hot``, no noise. ``sampler='soft'`` gives
+    S = A = softmax(L) in both modes (the thesis's two-stream soft model, and
+    the parity switch of the single-stream one). ``scheme`` picks the
+    distribution (``distribution_logits``); ``query_padding_mask`` is used
+    by 'dnas' only (its column normalization). float32 (float64 for float64
+    scores); callers cast.
+    """
+    logits = distribution_logits(scores, scheme=scheme, key_padding_mask=key_padding_mask,
+                                 attn_mask=attn_mask, query_padding_mask=query_padding_mask,
+                                 sinkhorn_iters=sinkhorn_iters)
+    if sampler == "soft":
+        return softmax_probs(logits)
+    if sampler != "gumbel":
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+    if not training:
+        return argmax_one_hot(logits)
+    if noise is None:
+        noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
+    return gumbel_softmax_probs(logits, tau=tau, hard=hard, noise=noise)
+
+
+def check_temperature(tau) -> None:
+    """ValueError naming --gumbel-temperature unless tau is a finite number > 0."""
+    ok = isinstance(tau, (int, float)) and not isinstance(tau, bool) and math.isfinite(tau) and tau > 0
+    if not ok:
+        raise ValueError(
+            f"--gumbel-temperature must be a finite number > 0 (the thesis uses 1); got {tau!r}"
+        )
+
+
+class GumbelSchedule:
+    """Temperature annealing, geometric: tau(n) = start * (end / start) ** (min(n, updates) / updates).
+
+    The thesis keeps tau = 1 (Section 5.3) but names the usual practice of
+    starting high and annealing low (Section 3.3); a geometric decay moves
+    tau by the same factor per update (as Jang et al. anneal exponentially)
+    and stays at ``end`` after ``updates`` updates.
+    """
+
+    def __init__(self, start: float, end: float, updates: int):
+        for name, value in (("START", start), ("END", end)):
+            try:
+                check_temperature(value)
+            except ValueError:
+                raise ValueError(
+                    f"--gumbel-anneal START,END,UPDATES: {name} must be a finite number > 0; got {value!r}"
+                ) from None
+        if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
+            raise ValueError(f"--gumbel-anneal START,END,UPDATES: UPDATES must be an integer >= 1; got {updates!r}")
+        self.start, self.end, self.updates = float(start), float(end), updates
+
+    @classmethod
+    def parse(cls, spec: str) -> "GumbelSchedule":
+        """'START,END,UPDATES', e.g. '2,0.5,10000'."""
+        parts: Sequence[str] = [p.strip() for p in str(spec).split(",")]
+        if len(parts) != 3:
+            raise ValueError(f"--gumbel-anneal takes START,END,UPDATES (e.g. 2,0.5,10000); got {spec!r}")
+        try:
+            start, end = float(parts[0]), float(parts[1])
+            updates = int(parts[2])
+        except ValueError:
+            raise ValueError(
+                f"--gumbel-anneal takes START,END,UPDATES as two numbers and an integer (e.g. 2,0.5,10000); got {spec!r}"
+            ) from None
+        return cls(start, end, updates)
+
+    def __call__(self, num_updates: int) -> float:
+        frac = min(max(num_updates, 0), self.updates) / self.updates
+        return self.start * (self.end / self.start) ** frac
+
+    def __repr__(self):
+        return f"GumbelSchedule({self.start:g}, {self.end:g}, {self.updates})"

@@ -1,0 +1,402 @@
+"""Tier 1: the discrete-attention functions (J. Kinley, 2020, Sections 3.3 and
+4.1) against plain float64 references, and their flags."""
+
+import argparse
+import math
+
+import pytest
+import torch
+from conftest import padding_mask
+from reference import reference_probs
+
+from fairseq_dnas.attention import discrete as D
+from fairseq_dnas.attention.functional import dnas_probs, broadcast_masks
+from fairseq_dnas.errors import BadFlag
+
+EULER_GAMMA = 0.5772156649015329
+
+
+def causal_mask(t_q, t_k):
+    """fairseq's additive future mask: -inf above the diagonal."""
+    return torch.triu(torch.full((t_q, t_k), float("-inf")), 1)
+
+
+def reference_sample(scores, noise, tau, key_padding_mask=None, attn_mask=None):
+    """float64, one row at a time, only the allowed keys: S = softmax((log A + G) / tau)."""
+    s = scores.double()
+    if attn_mask is not None:
+        s = s + attn_mask.double()
+    out = torch.zeros_like(s)
+    batch, heads, t_q, t_k = s.shape
+    g = noise.double().expand_as(s)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(t_q):
+                keys = [j for j in range(t_k) if torch.isfinite(s[b, h, i, j])
+                        and (key_padding_mask is None or not key_padding_mask[b, j])]
+                if not keys:
+                    continue
+                row = s[b, h, i, keys]
+                log_a = row - torch.logsumexp(row, 0)
+                y = (log_a + g[b, h, i, keys]) / tau
+                out[b, h, i, keys] = (y - torch.logsumexp(y, 0)).exp()
+    return out
+
+
+def _case(seed=0, batch=3, heads=2, t_q=6, t_k=7, scale=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(batch, heads, t_q, t_k, generator=gen, dtype=torch.float64) * scale
+    noise = D.gumbel_noise((batch, heads, t_q, t_k), generator=gen)
+    kmask = padding_mask([7, 4, 2][:batch], t_k, left_pad=True)
+    return scores, noise, kmask
+
+
+# --- noise --------------------------------------------------------------------
+
+
+def test_gumbel_noise_is_finite_at_the_extremes_of_the_uniform():
+    tiny, eps = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).eps
+    u = torch.tensor([0.0, tiny / 4, tiny, 0.5, 1 - eps, 1 - eps / 2, 1.0])
+    g = D.gumbel_from_uniform(u)
+    assert g.dtype == torch.float32 and bool(torch.isfinite(g).all())
+    # 0 and below-tiny clamp to tiny; 1 and 1 - eps/2 clamp to 1 - eps
+    assert g[0] == g[1] == g[2] and g[-1] == g[-2] == g[-3]
+    # the exact float64 -log(-log u) at the clamp points and in the middle
+    for i, v in ((2, tiny), (3, 0.5), (4, 1 - eps)):
+        assert g[i].item() == pytest.approx(-math.log(-math.log(v)), rel=1e-6)
+    # the range fits every half-precision dtype, so a caller's cast is finite too
+    assert -4.5 < g.min().item() and g.max().item() < 16.0
+    for dtype in (torch.float16, torch.bfloat16):
+        assert bool(torch.isfinite(g.to(dtype)).all())
+    # the thesis's 1e-20 does not help in half precision: it is 0 there
+    assert torch.tensor(1e-20, dtype=torch.float16).item() == 0.0
+
+
+def test_gumbel_noise_has_the_gumbel_mean_and_variance():
+    """Gumbel(0, 1): mean = Euler's gamma, variance = pi^2 / 6. With n draws
+    the sample mean's standard error is sqrt(pi^2 / 6 / n); allow 5 of them."""
+    n = 200_000
+    g = D.gumbel_noise((n,), generator=torch.Generator().manual_seed(1)).double()
+    assert g.dtype == torch.float64 and bool(torch.isfinite(g).all())
+    se = math.sqrt(math.pi ** 2 / 6 / n)
+    assert abs(g.mean().item() - EULER_GAMMA) < 5 * se
+    assert abs(g.var().item() - math.pi ** 2 / 6) < 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_callers_never_see_nan_or_inf(dtype):
+    scores, _, kmask = _case(scale=30.0)
+    scores = scores.to(dtype)
+    for hard in (False, True):
+        s = D.discrete_probs(scores, key_padding_mask=kmask, tau=0.05, hard=hard,
+                             generator=torch.Generator().manual_seed(3))
+        assert s.dtype == torch.float32
+        assert bool(torch.isfinite(s.to(dtype)).all())
+        # noise at the uniform's extremes, in every position
+        for u in (0.0, 1.0):
+            noise = D.gumbel_from_uniform(torch.full(scores.shape, u))
+            s = D.discrete_probs(scores, key_padding_mask=kmask, tau=0.05, hard=hard, noise=noise)
+            assert bool(torch.isfinite(s.to(dtype)).all())
+
+
+# --- the relaxed sample -------------------------------------------------------
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.3, 4.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_relaxed_sample_matches_float64_reference(tau, causal):
+    scores, noise, kmask = _case(t_q=7)
+    attn_mask = causal_mask(7, 7) if causal else None
+    got = D.discrete_probs(scores.float(), key_padding_mask=kmask, attn_mask=attn_mask, tau=tau, noise=noise)
+    ref = reference_sample(scores, noise, tau, kmask, attn_mask)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), ref, atol=2e-6, rtol=0)
+    # float64 in, float64 out: then the same to rounding
+    got64 = D.discrete_probs(scores, key_padding_mask=kmask, attn_mask=attn_mask, tau=tau, noise=noise)
+    torch.testing.assert_close(got64, ref, atol=1e-12, rtol=0)
+
+
+def test_cross_attention_shapes_with_query_padding():
+    """T_q != T_k; padded query rows are still rows of real keys (fairseq
+    computes them too and drops them later)."""
+    scores, noise, kmask = _case(t_q=4, t_k=7)
+    got = D.discrete_probs(scores, key_padding_mask=kmask, tau=0.7, noise=noise)
+    torch.testing.assert_close(got, reference_sample(scores, noise, 0.7, kmask), atol=1e-12, rtol=0)
+    real = ~kmask[:, None, None, :]
+    torch.testing.assert_close(got.sum(-1), torch.ones_like(got.sum(-1)), atol=1e-12, rtol=0)
+    assert bool((got[~real.expand_as(got)] == 0).all())
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_no_probability_on_padded_keys_even_with_adversarial_noise(hard):
+    """Padded keys with huge scores and the largest noise, real keys with the
+    smallest noise, at a tiny temperature: still exactly 0 on padding."""
+    scores, _, kmask = _case()
+    k = kmask[:, None, None, :].expand_as(scores)
+    scores = scores.masked_fill(k, 1e4)
+    noise = torch.where(k, D.gumbel_from_uniform(torch.ones(())), D.gumbel_from_uniform(torch.zeros(())))
+    for tau in (1.0, 1e-3):
+        s = D.discrete_probs(scores, key_padding_mask=kmask, tau=tau, hard=hard, noise=noise)
+        assert bool((s[k] == 0).all())
+        torch.testing.assert_close(s.sum(-1), torch.ones_like(s.sum(-1)), atol=1e-12, rtol=0)
+    # the causal mask too: nothing on the future
+    c = causal_mask(6, 7)
+    s = D.discrete_probs(scores, attn_mask=c, tau=1e-3, hard=hard, noise=noise)
+    assert bool((s[..., torch.isinf(c)] == 0).all())
+
+
+def test_rows_without_any_allowed_key_are_zero_and_finite():
+    scores = torch.randn(1, 1, 3, 4, dtype=torch.float64, requires_grad=True)
+    kmask = torch.ones(1, 4, dtype=torch.bool)
+    for training in (True, False):
+        s = D.discrete_probs(scores, key_padding_mask=kmask, training=training, hard=True)
+        assert bool((s == 0).all())
+    s = D.discrete_probs(scores, key_padding_mask=kmask, generator=torch.Generator().manual_seed(0))
+    s.sum().backward()
+    assert bool(torch.isfinite(scores.grad).all())
+
+
+def test_relaxed_sample_gradient_is_finite_and_correct():
+    scores, noise, kmask = _case(batch=2, t_q=3, t_k=7, heads=1)
+    scores.requires_grad_(True)
+    torch.autograd.gradcheck(
+        lambda s: D.discrete_probs(s, key_padding_mask=kmask[:2], tau=0.7, noise=noise[:2]), (scores,)
+    )
+
+
+def test_temperature_to_zero_gives_the_argmax_one_hot():
+    scores, noise, kmask = _case()
+    logits = D.masked_scores(scores, kmask)
+    target = torch.nn.functional.one_hot(
+        (torch.log_softmax(logits, -1) + noise.double()).argmax(-1), scores.shape[-1]
+    ).double()
+    s = D.discrete_probs(scores, key_padding_mask=kmask, tau=1e-4, noise=noise)
+    torch.testing.assert_close(s, target, atol=1e-6, rtol=0)
+    # without noise the limit is the inference-time attention
+    s0 = D.discrete_probs(scores, key_padding_mask=kmask, tau=1e-4, noise=torch.zeros(()))
+    torch.testing.assert_close(s0, D.argmax_one_hot(logits), atol=1e-6, rtol=0)
+
+
+def test_straight_through_forward_is_one_hot_and_gradient_is_the_relaxed_samples():
+    scores, noise, kmask = _case()
+    weight = torch.randn(scores.shape, dtype=torch.float64)
+    grads, values = {}, {}
+    for hard in (False, True):
+        s = scores.clone().requires_grad_(True)
+        out = D.discrete_probs(s, key_padding_mask=kmask, tau=0.5, hard=hard, noise=noise)
+        (out * weight).sum().backward()
+        grads[hard], values[hard] = s.grad, out.detach()
+    hard = values[True]
+    assert set(hard.unique().tolist()) == {0.0, 1.0}  # exactly one-hot, no rounding
+    assert bool((hard.sum(-1) == 1).all())
+    assert torch.equal(hard.argmax(-1), values[False].argmax(-1))
+    assert torch.equal(grads[True], grads[False])
+
+
+# --- sampling frequencies -----------------------------------------------------
+
+# Chi-square critical value for 4 degrees of freedom at p = 0.001 (the
+# seeded test would fail one time in 1,000 for a correct sampler, and a fixed
+# seed makes it pass or fail deterministically).
+CHI2_4DOF_P001 = 18.467
+
+
+def _frequency_chi_square(scheme):
+    """Draw n hard samples of one row of K = 5 keys (one padded) and compare
+    counts with the distribution's probabilities."""
+    n, k = 20_000, 6
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.tensor([[1.2, -0.3, 0.5, 2.0, 0.0, 9.0]], dtype=torch.float64)
+    scores = torch.cat([scores, torch.randn(3, k, generator=gen, dtype=torch.float64)])[None, None]  # (1, 1, 4, 6)
+    kmask = torch.tensor([[False] * 5 + [True]])
+    qmask = torch.zeros(1, 4, dtype=torch.bool)
+    noise = D.gumbel_noise((n, 1, 4, k), generator=gen)
+    s = D.discrete_probs(scores.expand(n, 1, 4, k), key_padding_mask=kmask.expand(n, k), hard=True,
+                         noise=noise, scheme=scheme, query_padding_mask=qmask.expand(n, 4))
+    counts = s[:, 0, 0].sum(0)  # the first query row
+    assert counts[-1] == 0  # the padded key is never drawn
+    if scheme == "unas":
+        probs = torch.softmax(scores[0, 0, 0, :5], -1)
+    else:
+        kb, qb = broadcast_masks(kmask, qmask)
+        probs = dnas_probs(scores, kb, qb)[0, 0, 0, :5]
+    return counts[:5], probs
+
+
+def chi_square(counts, probs):
+    expected = counts.sum() * probs
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("scheme", ["unas", "dnas"])
+def test_sample_frequencies_match_the_distribution(scheme):
+    """Bound: chi-square with 4 degrees of freedom below its p = 0.001 value."""
+    counts, probs = _frequency_chi_square(scheme)
+    assert chi_square(counts, probs) < CHI2_4DOF_P001
+    # and the test can fail: the same counts are far from a uniform row
+    assert float(probs.max() - probs.min()) > 0.2
+
+
+def test_dnas_samples_differ_from_softmax_samples():
+    """The DNAS row is another distribution: counts of one are far (chi-square
+    >> bound) from the other's probabilities."""
+    c_unas, p_unas = _frequency_chi_square("unas")
+    c_dnas, p_dnas = _frequency_chi_square("dnas")
+    assert chi_square(c_dnas, p_unas) > 10 * CHI2_4DOF_P001
+    assert chi_square(c_unas, p_dnas) > 10 * CHI2_4DOF_P001
+
+
+# --- inference and the DNAS distribution ----------------------------------------
+
+
+def test_eval_is_the_argmax_one_hot_without_noise():
+    scores, _, kmask = _case()
+    c = causal_mask(6, 7)
+    outs = [D.discrete_probs(scores, key_padding_mask=kmask, attn_mask=c, training=False,
+                             generator=torch.Generator().manual_seed(seed)) for seed in (0, 1)]
+    assert torch.equal(outs[0], outs[1])
+    ref = torch.zeros_like(scores)
+    s = scores.masked_fill(kmask[:, None, None, :], float("-inf")) + c
+    for idx in torch.cartesian_prod(*[torch.arange(n) for n in scores.shape[:3]]):
+        b, h, i = idx.tolist()
+        row = s[b, h, i]
+        if torch.isfinite(row).any():
+            ref[b, h, i, int(row.argmax())] = 1.0
+    assert torch.equal(outs[0], ref)
+
+
+def test_argmax_ties_go_to_the_lowest_index():
+    logits = torch.tensor([[0.5, 2.0, 2.0, float("-inf")], [float("-inf")] * 4])
+    assert D.argmax_one_hot(logits).tolist() == [[0, 1, 0, 0], [0, 0, 0, 0]]
+
+
+def test_dnas_scheme_samples_from_the_dnas_probabilities():
+    scores, noise, kmask = _case(t_q=7)
+    log_pd = reference_probs(scores, "dnas", kmask, kmask).log()  # -inf on padding
+    got = D.discrete_probs(scores, key_padding_mask=kmask, query_padding_mask=kmask, tau=0.8,
+                           noise=noise, scheme="dnas")
+    real_q = ~kmask[:, None, :, None].expand_as(scores)
+    ref = reference_sample(log_pd, noise, 0.8)
+    torch.testing.assert_close(got[real_q], ref[real_q], atol=1e-10, rtol=0)
+    # eval: the mode of the DNAS distribution, not of the scores
+    ev = D.discrete_probs(scores, key_padding_mask=kmask, query_padding_mask=kmask, training=False, scheme="dnas")
+    assert torch.equal(ev[real_q], D.argmax_one_hot(log_pd)[real_q])
+    assert not torch.equal(ev, D.discrete_probs(scores, key_padding_mask=kmask, training=False))
+    with pytest.raises(ValueError, match="causal"):
+        D.discrete_probs(scores, attn_mask=causal_mask(7, 7), scheme="dnas")
+
+
+def test_soft_sampler_is_softmax_in_training_and_eval():
+    scores, _, kmask = _case()
+    c = causal_mask(6, 7)
+    ref = torch.softmax(scores.masked_fill(kmask[:, None, None, :], float("-inf")) + c, -1)
+    ref = ref.nan_to_num(0.0)  # rows with every key masked (left padding + causal): 0, not NaN
+    for training in (True, False):
+        got = D.discrete_probs(scores, key_padding_mask=kmask, attn_mask=c, training=training, sampler="soft")
+        torch.testing.assert_close(got, ref, atol=1e-15, rtol=0)
+
+
+# --- temperature and flags ----------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "1", True])
+def test_check_temperature_refuses(bad):
+    with pytest.raises(ValueError, match="--gumbel-temperature"):
+        D.check_temperature(bad)
+
+
+def test_gumbel_schedule_is_geometric_and_clamped():
+    sched = D.GumbelSchedule.parse("4,0.25,100")
+    assert sched(0) == 4.0
+    assert sched(50) == pytest.approx(1.0)  # geometric mean halfway
+    assert sched(100) == pytest.approx(0.25) and sched(10_000) == pytest.approx(0.25)
+    assert sched(25) == pytest.approx(2.0)
+    assert sched(-5) == 4.0
+
+
+@pytest.mark.parametrize("spec", ["1,2", "a,b,c", "1,0,10", "1,0.5,0", "1,0.5,2.5", "-1,1,5"])
+def test_gumbel_schedule_refuses_bad_specs(spec):
+    with pytest.raises(ValueError, match="--gumbel-anneal"):
+        D.GumbelSchedule.parse(spec)
+
+
+def _args(argv):
+    from fairseq_dnas.models.discrete_args import add_discrete_args, discrete_defaults
+
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    add_discrete_args(parser)
+    args = parser.parse_args(argv)
+    discrete_defaults(args)
+    return args
+
+
+def test_flag_defaults_are_the_thesis_settings():
+    from fairseq_dnas.models.discrete_args import temperature_at, validate_discrete_args
+
+    args = _args([])
+    validate_discrete_args(args)
+    assert (args.gumbel_temperature, args.gumbel_hard, args.gumbel_anneal) == (1.0, False, None)
+    assert (args.discrete_scheme, args.discrete_sampler, args.sinkhorn_iters) == ("unas", "gumbel", 1)
+    assert temperature_at(args, 12345) == 1.0
+    annealed = _args(["--gumbel-anneal", "2,0.5,10"])
+    validate_discrete_args(annealed)
+    assert temperature_at(annealed, 0) == 2.0 and temperature_at(annealed, 10) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gumbel-temperature", "0"], "--gumbel-temperature"),
+    (["--gumbel-temperature", "-2"], "--gumbel-temperature"),
+    (["--gumbel-anneal", "2,0.5"], "--gumbel-anneal"),
+    (["--gumbel-anneal", "2,0,100"], "--gumbel-anneal"),
+    (["--gumbel-anneal", "2,0.5,100", "--gumbel-temperature", "0.5"], "drop --gumbel-temperature"),
+    (["--sinkhorn-iters", "3"], "--discrete-scheme dnas"),
+    (["--sinkhorn-iters", "0", "--discrete-scheme", "dnas"], "--sinkhorn-iters"),
+])
+def test_bad_flags_raise_one_line(argv, says):
+    from fairseq_dnas.models.discrete_args import validate_discrete_args
+
+    with pytest.raises(BadFlag, match=says) as err:
+        validate_discrete_args(_args(argv))
+    assert "\n" not in str(err.value)
+
+
+def test_dnas_with_sinkhorn_rounds_is_accepted():
+    from fairseq_dnas.models.discrete_args import validate_discrete_args
+
+    validate_discrete_args(_args(["--discrete-scheme", "dnas", "--sinkhorn-iters", "3"]))
+
+
+# --- the fused path -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_gumbel_attention_is_s_times_v(causal):
+    """gumbel_attention(q, k, v) = S v with S the float64 reference sample of
+    the same noise (torch's fused attention, the noise as an additive mask)."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(3, 2, 7, 5, generator=gen, dtype=torch.float64) for _ in range(3))
+    noise = D.gumbel_noise((3, 2, 7, 7), generator=gen)
+    kmask = padding_mask([7, 5, 6], 7, left_pad=False)
+    attn_mask = causal_mask(7, 7) if causal else None
+    out = D.gumbel_attention(q, k, v, scale=0.4, tau=0.6, key_padding_mask=kmask, attn_mask=attn_mask, noise=noise)
+    s = reference_sample(q @ k.transpose(-1, -2) * 0.4, noise, 0.6, kmask, attn_mask)
+    torch.testing.assert_close(out, s @ v, atol=1e-12, rtol=0)
+    # the caller's noise is not modified in place: the same call again gives the same
+    again = D.gumbel_attention(q, k, v, scale=0.4, tau=0.6, key_padding_mask=kmask, attn_mask=attn_mask, noise=noise)
+    assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_gumbel_attention_is_finite_in_half_precision(dtype):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 9, 8, generator=gen).mul(20).to(dtype) for _ in range(3))
+    kmask = padding_mask([9, 3], 9, left_pad=True)
+    for u in (0.0, 1.0):  # noise at the uniform's extremes everywhere
+        noise = D.gumbel_from_uniform(torch.full((2, 2, 9, 9), u))
+        try:
+            out = D.gumbel_attention(q, k, v, scale=0.35, tau=0.05, key_padding_mask=kmask,
+                                     attn_mask=causal_mask(9, 9), noise=noise)
+        except RuntimeError as err:  # some CPUs have no float16 kernel for it
+            assert dtype == torch.float16 and "not implemented" in str(err)
+            return
+        assert out.dtype == dtype and bool(torch.isfinite(out).all())
