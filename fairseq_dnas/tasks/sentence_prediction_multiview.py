@@ -108,7 +108,8 @@ class SentencePredictionMultiviewTask(SentencePredictionTask):
             "target": OffsetTokensDataset(StripTokenDataset(labels, id_to_strip=self.label_dictionary.eos()),
                                           offset=-self.label_dictionary.nspecial),
         }
-        nested = NestedDictionaryDataset(dataset, sizes=[views[0].sizes, views[1].sizes])
+        # One size per example, the longer view's: what batching and --max-positions filter by.
+        nested = NestedDictionaryDataset(dataset, sizes=[np.maximum(views[0].sizes, views[1].sizes)])
         if not self.cfg.no_shuffle:
             with data_utils.numpy_seed(self.cfg.seed):
                 nested = SortDataset(nested, sort_order=[np.random.permutation(len(nested))])
