@@ -248,3 +248,32 @@ def test_temperature_follows_the_anneal_schedule():
     model.train()
     model.set_num_updates(5)
     assert all(m.gumbel_temperature == pytest.approx(2 * 0.25 ** 0.5) for m in mods)
+
+
+def test_capture_returns_the_controllers_a_and_the_model_streams_s():
+    from fairseq_dnas.analysis.capture import capture_two_stream
+    from fairseq_dnas.analysis.explaining_away import ColumnSumRecorder, summary_rows
+
+    model = build_model("transformer_discrete_tiny")
+    d = tiny_dictionary()
+    src, lengths = random_tokens([7, 4], 7, d), torch.tensor([7, 4])
+    prev = random_tokens([5, 5], 5, d, seed=1)
+    with capture_two_stream(model) as records, torch.no_grad():
+        model(src, lengths, prev)
+    sites = [(site.kind, site.layer) for site, _ in records]
+    assert sites == [("encoder_self", 0), ("encoder_self", 1), ("decoder_self", 0), ("decoder_cross", 0)]
+    with torch.no_grad():
+        used = model.encoder(src, lengths, return_attention=True)["attention"]
+    for (_, attention), (probs, sample) in zip(records, used):
+        assert torch.equal(attention["controller_A"], probs.transpose(0, 1))
+        assert torch.equal(attention["model_S"], sample.transpose(0, 1))
+    for _, attention in records:  # eval: S one-hot, A a distribution
+        assert set(attention["model_S"].unique().tolist()) <= {0.0, 1.0}
+        torch.testing.assert_close(attention["controller_A"].sum(-1), torch.ones(attention["controller_A"].shape[:-1]))
+    # The explaining-away statistics read the same two attentions per site.
+    with ColumnSumRecorder(model) as rec, torch.no_grad():
+        model(src, lengths, prev)
+    rows = summary_rows("m", "path", rec)
+    assert [(r["attention"], r["layer"], r["component"]) for r in rows] == [
+        (kind, layer, comp) for kind, layer in sites for comp in ("controller_A", "model_S")]
+    assert all(r["scheme"] == "two_stream" for r in rows)

@@ -17,11 +17,17 @@ the exact inputs of that call and runs the *same module* once more with
 Each re-run is checked against the output the model actually produced, so
 what is reported is what the model computed. The model's math is untouched;
 the hooks only add a second call.
+
+A two-stream module (``TwoStreamAttention``, J. Kinley 2020) is not re-run:
+it hands the controller's A and the model stream's S, as it used them, to
+its ``attention_tap`` (an identity module), and a hook there reads them
+(``two_stream_attention``): two components per site, ``controller_A`` and
+``model_S``.
 """
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +37,8 @@ _FORWARD_PARAMS = (
     "query", "key", "value", "key_padding_mask", "incremental_state", "need_weights",
     "static_kv", "attn_mask", "before_softmax", "need_head_weights",
 )
+TWO_STREAM = "two_stream"
+TWO_STREAM_COMPONENTS = ("controller_A", "model_S")
 
 
 @dataclass
@@ -40,7 +48,7 @@ class Site:
     kind: str  # 'encoder_self', 'decoder_self' (causal) or 'decoder_cross'
     layer: int  # 0 = bottom
     module: nn.Module
-    scheme: str  # 'unas', 'dnas' or 'hnas'
+    scheme: str  # 'unas', 'dnas', 'hnas' or 'two_stream'
 
     @property
     def hybrid_weight(self) -> Optional[List[float]]:
@@ -68,13 +76,54 @@ def attention_sites(model, decoder: bool = True) -> List[Site]:
     sites = []
     for layer, block in enumerate(encoder_stack(model).layers):
         m = block.self_attn
-        sites.append(Site("encoder_self", layer, m, getattr(m, "scheme", "unas")))
+        sites.append(Site("encoder_self", layer, m, site_scheme(m, getattr(m, "scheme", "unas"))))
     if decoder and getattr(model, "decoder", None) is not None:
         for layer, block in enumerate(model.decoder.layers):
-            sites.append(Site("decoder_self", layer, block.self_attn, "unas"))
+            sites.append(Site("decoder_self", layer, block.self_attn, site_scheme(block.self_attn)))
             if getattr(block, "encoder_attn", None) is not None:
-                sites.append(Site("decoder_cross", layer, block.encoder_attn, "unas"))
+                sites.append(Site("decoder_cross", layer, block.encoder_attn, site_scheme(block.encoder_attn)))
     return sites
+
+
+def site_scheme(module, default: str = "unas") -> str:
+    """'two_stream' for a two-stream module (it has an ``attention_tap``), else ``default``."""
+    return TWO_STREAM if hasattr(module, "attention_tap") else default
+
+
+def site_components(site: Site) -> Tuple[str, ...]:
+    """The attentions reported per site: HNAS's mixture and its two parts,
+    a two-stream module's A and S, else the scheme's one."""
+    if site.scheme == "hnas":
+        return ("mixture", "dnas", "unas")
+    if site.scheme == TWO_STREAM:
+        return TWO_STREAM_COMPONENTS
+    return (site.scheme,)
+
+
+def two_stream_attention(tap_args) -> Dict[str, Tensor]:
+    """The arguments a two-stream module's ``attention_tap`` was called with,
+    as {'controller_A': A, 'model_S': S}, each (H, B, T_q, T_k) as
+    ``head_probs`` returns probabilities (in eval mode S rows are one-hot)."""
+    probs, sample = tap_args
+    return dict(zip(TWO_STREAM_COMPONENTS, (probs.detach().transpose(0, 1), sample.detach().transpose(0, 1))))
+
+
+@contextmanager
+def capture_two_stream(model, decoder: bool = True):
+    """While active, every forward of a two-stream ``model`` appends
+    (site, {'controller_A': A, 'model_S': S}) per attention module to the
+    yielded list, in call order."""
+    records = []
+    handles = []
+    for site in attention_sites(model, decoder=decoder):
+        if site.scheme == TWO_STREAM:
+            hook = (lambda s: lambda mod, args, out: records.append((s, two_stream_attention(args))))(site)
+            handles.append(site.module.attention_tap.register_forward_hook(hook))
+    try:
+        yield records
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def call_kwargs(args, kwargs) -> dict:

@@ -68,6 +68,15 @@ def attention_logits(q: Tensor, k: Tensor) -> Tensor:
     return torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-1, -2))
 
 
+class AttentionTap(nn.Module):
+    """Identity on (A, S): a module call, so that forward hooks (the
+    analysis capture, ``fairseq_dnas.analysis.capture``) see both
+    attentions as the model used them. No parameters."""
+
+    def forward(self, probs: Tensor, sample: Tensor):
+        return probs, sample
+
+
 class TwoStreamAttention(MultiheadAttention):
     """Controller attention (fairseq's q_proj, k_proj, v_proj, out_proj) plus
     the model stream's value projection W^h (``model_v_proj``) and output
@@ -101,6 +110,7 @@ class TwoStreamAttention(MultiheadAttention):
         self.sinkhorn_iters = sinkhorn_iters
         self.gumbel_temperature = gumbel_temperature  # set per update by the model's set_num_updates
         self.gumbel_hard = gumbel_hard
+        self.attention_tap = AttentionTap()
 
     def _keys_and_values(self, key, model_key, incremental_state, static_kv):
         """K, V (controller) and V' (model stream), (B, H, Tk, d), with the
@@ -158,6 +168,7 @@ class TwoStreamAttention(MultiheadAttention):
                 sinkhorn_iters=self.sinkhorn_iters,
             ).to(q.dtype)
         h_out = self.model_out_proj(merge_heads(torch.matmul(sample, vm)))  # W_o^h S v'
+        self.attention_tap(probs, sample)  # identity; what the analysis hooks read
         return g_out, h_out, probs, sample
 
 
