@@ -9,6 +9,9 @@ the exact inputs of that call and runs the *same module* once more with
 
 - ``DNASMultiheadAttention`` in 'dnas'/'hnas' mode returns the very
   probabilities its forward multiplies with V (one code path, ``attend``);
+- ``DiscreteMultiheadAttention`` returns the S it multiplied V with (in eval
+  mode one-hot rows, the argmax; in training mode the re-run would draw new
+  noise, and the output check below refuses it);
 - fairseq's ``MultiheadAttention`` (UNAS, the decoder, a plain
   ``transformer``) is sent through its own Python implementation
   (``skip_embed_dim_check=True`` routes around the torch kernel), the same
@@ -37,6 +40,10 @@ _FORWARD_PARAMS = (
     "query", "key", "value", "key_padding_mask", "incremental_state", "need_weights",
     "static_kv", "attn_mask", "before_softmax", "need_head_weights",
 )
+# An HNAS module is reported as the mixture the model uses and, apart, as its
+# two components; a two-stream module as the controller's A and the model
+# stream's S.
+HNAS_COMPONENTS = ("mixture", "dnas", "unas")
 TWO_STREAM = "two_stream"
 TWO_STREAM_COMPONENTS = ("controller_A", "model_S")
 
@@ -48,7 +55,7 @@ class Site:
     kind: str  # 'encoder_self', 'decoder_self' (causal) or 'decoder_cross'
     layer: int  # 0 = bottom
     module: nn.Module
-    scheme: str  # 'unas', 'dnas', 'hnas' or 'two_stream'
+    scheme: str  # 'unas', 'dnas', 'hnas', or a module's ``capture_name`` ('discrete', 'two_stream')
 
     @property
     def hybrid_weight(self) -> Optional[List[float]]:
@@ -70,13 +77,19 @@ def is_encoder_only(model) -> bool:
     return getattr(model, "decoder", None) is None
 
 
+def site_scheme(module) -> str:
+    """What the module's weights are: its ``capture_name`` (a discrete
+    attention module's 'discrete': the S it multiplied V with, one-hot rows
+    in eval mode), else its DNAS scheme, else 'unas' (fairseq's softmax)."""
+    return getattr(module, "capture_name", None) or getattr(module, "scheme", "unas")
+
+
 def attention_sites(model, decoder: bool = True) -> List[Site]:
     """Every attention module of a fairseq encoder-decoder Transformer, or of
     an encoder-only RoBERTa, bottom up."""
     sites = []
     for layer, block in enumerate(encoder_stack(model).layers):
-        m = block.self_attn
-        sites.append(Site("encoder_self", layer, m, site_scheme(m, getattr(m, "scheme", "unas"))))
+        sites.append(Site("encoder_self", layer, block.self_attn, site_scheme(block.self_attn)))
     if decoder and getattr(model, "decoder", None) is not None:
         for layer, block in enumerate(model.decoder.layers):
             sites.append(Site("decoder_self", layer, block.self_attn, site_scheme(block.self_attn)))
@@ -85,16 +98,11 @@ def attention_sites(model, decoder: bool = True) -> List[Site]:
     return sites
 
 
-def site_scheme(module, default: str = "unas") -> str:
-    """'two_stream' for a two-stream module (it has an ``attention_tap``), else ``default``."""
-    return TWO_STREAM if hasattr(module, "attention_tap") else default
-
-
 def site_components(site: Site) -> Tuple[str, ...]:
     """The attentions reported per site: HNAS's mixture and its two parts,
     a two-stream module's A and S, else the scheme's one."""
     if site.scheme == "hnas":
-        return ("mixture", "dnas", "unas")
+        return HNAS_COMPONENTS
     if site.scheme == TWO_STREAM:
         return TWO_STREAM_COMPONENTS
     return (site.scheme,)

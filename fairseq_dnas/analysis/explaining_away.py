@@ -36,9 +36,6 @@ from fairseq_dnas.analysis.capture import (
 )
 from fairseq_dnas.analysis.column_sums import EPSILON, ColumnStats, column_sums
 
-# An HNAS module is reported as the mixture the model uses and, apart, as its
-# two components.
-COMPONENTS = ("mixture", "dnas", "unas")
 
 
 class SplitError(ValueError):

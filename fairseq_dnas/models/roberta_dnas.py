@@ -36,13 +36,35 @@ from fairseq_dnas.modules import DNASTransformerEncoder
 
 
 class DNASRobertaEncoder(RobertaEncoder):
-    """fairseq's RoBERTa encoder around a ``DNASTransformerEncoder``."""
+    """fairseq's RoBERTa encoder around a ``stack_class`` encoder
+    (``DNASTransformerEncoder`` here)."""
+
+    stack_class = DNASTransformerEncoder
 
     def build_encoder(self, args, dictionary, embed_tokens):
         # As RobertaEncoder.build_encoder, with the plugin's encoder.
-        encoder = DNASTransformerEncoder(TransformerConfig.from_namespace(args), dictionary, embed_tokens)
+        encoder = self.stack_class(TransformerConfig.from_namespace(args), dictionary, embed_tokens)
         encoder.apply(init_bert_params)
         return encoder
+
+
+def build_roberta(cls, args, task, encoder_class, defaults, validate):
+    """RobertaModel.build_model (which names RobertaEncoder itself) with the
+    plugin's ``encoder_class``, its defaults and its flag checks."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(args):
+        OmegaConf.set_struct(args, False)
+    defaults(args)
+    validate(args)
+    if not safe_hasattr(args, "max_positions"):
+        if not safe_hasattr(args, "tokens_per_sample"):
+            args.tokens_per_sample = task.max_positions()
+        args.max_positions = args.tokens_per_sample
+    encoder = encoder_class(args, task.source_dictionary)
+    if OmegaConf.is_config(args):
+        OmegaConf.set_struct(args, True)
+    return cls(args, encoder)
 
 
 @register_model("roberta_dnas")
@@ -56,21 +78,7 @@ class RobertaDNASModel(RobertaModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, False)
-        # As RobertaModel.build_model (which names RobertaEncoder itself).
-        roberta_dnas_architecture(args)
-        validate_attention_args(args)
-        if not safe_hasattr(args, "max_positions"):
-            if not safe_hasattr(args, "tokens_per_sample"):
-                args.tokens_per_sample = task.max_positions()
-            args.max_positions = args.tokens_per_sample
-        encoder = DNASRobertaEncoder(args, task.source_dictionary)
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, True)
-        return cls(args, encoder)
+        return build_roberta(cls, args, task, DNASRobertaEncoder, roberta_dnas_architecture, validate_attention_args)
 
     def attention_modules(self):
         """The encoder's DNASMultiheadAttention modules, bottom layer first."""

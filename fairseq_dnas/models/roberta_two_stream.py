@@ -28,11 +28,11 @@ from fairseq.models.roberta import RobertaEncoder, RobertaModel
 from fairseq.models.roberta.model import base_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
-from fairseq.utils import safe_getattr, safe_hasattr
 
 from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.models.discrete_args import apply_temperature
-from fairseq_dnas.models.roberta_dnas import small_architecture
+from fairseq_dnas.models.roberta_discrete import thesis_architecture
+from fairseq_dnas.models.roberta_dnas import build_roberta, small_architecture
 from fairseq_dnas.models.transformer_two_stream import (
     TwoStreamModelMixin,
     add_two_stream_args,
@@ -82,21 +82,13 @@ class MultiviewRobertaEncoder(TwoStreamRobertaEncoder):
 
 
 def _build(cls, args, task, encoder_cls):
-    """As RobertaModel.build_model, with the two-stream encoder."""
-    from omegaconf import OmegaConf
+    """fairseq's RobertaModel.build_model with the two-stream encoder; tau set for update 0."""
 
-    if OmegaConf.is_config(args):
-        OmegaConf.set_struct(args, False)
-    two_stream_defaults(args, "gumbel")
-    base_architecture(args)
-    validate_two_stream_args(args)
-    if not safe_hasattr(args, "max_positions"):
-        if not safe_hasattr(args, "tokens_per_sample"):
-            args.tokens_per_sample = task.max_positions()
-        args.max_positions = args.tokens_per_sample
-    model = cls(args, encoder_cls(args, task.source_dictionary))
-    if OmegaConf.is_config(args):
-        OmegaConf.set_struct(args, True)
+    def defaults(args):
+        two_stream_defaults(args, "gumbel")
+        base_architecture(args)
+
+    model = build_roberta(cls, args, task, encoder_cls, defaults, validate_two_stream_args)
     apply_temperature(model, args, 0, log=False)
     return model
 
@@ -137,15 +129,6 @@ def view_head_names(name: str):
 
 
 # --- architectures -----------------------------------------------------------
-
-
-def thesis_architecture(args):
-    """The thesis's classifier (Section 5.3): 6 layers, 64 wide, FFN 128, 4 heads."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 6)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 128)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
-    base_architecture(args)
 
 
 def _register(model, name, sampler):

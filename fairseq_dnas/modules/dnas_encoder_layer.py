@@ -48,17 +48,24 @@ class DNASTransformerEncoderLayer(TransformerEncoderLayerBase):
         )
 
 
+def wrap_layer(layer, cfg):
+    """The wrapping of fairseq's ``build_encoder_layer`` / ``build_decoder_layer``:
+    activation checkpointing, then FSDP (always, when checkpointing)."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
 class DNASTransformerEncoder(TransformerEncoderBase):
-    """fairseq's Transformer encoder built from ``DNASTransformerEncoderLayer``."""
+    """fairseq's Transformer encoder built from ``layer_class`` layers
+    (``DNASTransformerEncoderLayer`` here)."""
+
+    layer_class = DNASTransformerEncoderLayer
 
     def build_encoder_layer(self, cfg):
-        layer = DNASTransformerEncoderLayer(cfg, return_fc=self.return_fc)
-        # Same wrapping as TransformerEncoderBase.build_encoder_layer.
-        checkpoint = cfg.checkpoint_activations
-        if checkpoint:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+        return wrap_layer(self.layer_class(cfg, return_fc=self.return_fc), cfg)
 
     def attention_modules(self):
         """The encoder's DNASMultiheadAttention modules, bottom layer first."""

@@ -92,6 +92,8 @@ class TwoStreamAttention(MultiheadAttention):
     softmax(L).
     """
 
+    capture_name = "two_stream"  # fairseq_dnas.analysis.capture reads A and S from attention_tap
+
     def __init__(self, embed_dim, num_heads, *, sampler="gumbel", scheme="unas", sinkhorn_iters=1,
                  gumbel_temperature=1.0, gumbel_hard=False, kdim=None, dropout=0.0,
                  self_attention=False, encoder_decoder_attention=False, q_noise=0.0, qn_block_size=8):
