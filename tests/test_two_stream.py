@@ -277,3 +277,42 @@ def test_capture_returns_the_controllers_a_and_the_model_streams_s():
     assert [(r["attention"], r["layer"], r["component"]) for r in rows] == [
         (kind, layer, comp) for kind, layer in sites for comp in ("controller_A", "model_S")]
     assert all(r["scheme"] == "two_stream" for r in rows)
+
+
+def test_several_gpus_need_find_unused_parameters():
+    """The top decoder layer's controller output is not read, so its weights
+    get no gradient (checked here), which torch's DDP refuses unless told."""
+    from fairseq_dnas.errors import BadFlag
+
+    model = build_model("transformer_discrete_tiny").train()
+    d = tiny_dictionary()
+    model(random_tokens([5], 5, d), torch.tensor([5]), random_tokens([4], 4, d, seed=1))[0].sum().backward()
+    top = model.decoder.layers[-1]
+    assert top.fc1.weight.grad is None and top.encoder_attn.out_proj.weight.grad is None
+    assert top.encoder_attn.q_proj.weight.grad is not None  # its queries choose S
+    with pytest.raises(BadFlag, match="add --find-unused-parameters"):
+        build_model("transformer_discrete_tiny", ["--distributed-world-size", "2"])
+    build_model("transformer_discrete_tiny", ["--distributed-world-size", "2", "--find-unused-parameters"])
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_dnas_scheme_samples_s_from_the_dnas_distribution(training):
+    """--discrete-scheme dnas (encoder self-attention): S is drawn from the
+    doubly-normalized probabilities of L (Ding et al., 2020) while the
+    controller keeps A = softmax(L)."""
+    m = _attention("gumbel").double().train(training)
+    m.scheme = "dnas"
+    gq, gk, hk = _inputs(6, 6)
+    kmask = padding_mask([6, 4, 2], 6, left_pad=True)
+    torch.manual_seed(5)
+    noise = D.gumbel_noise((3, HEADS, 6, 6))
+    torch.manual_seed(5)
+    _, _, probs, sample = m.two_stream_forward(gq, gk, hk, key_padding_mask=kmask, query_padding_mask=kmask)
+    q, k = (_heads(_linear(lin, gq)) for lin in (m.q_proj, m.k_proj))
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    log_pd = D.distribution_logits(logits, scheme="dnas", key_padding_mask=kmask, query_padding_mask=kmask)
+    want = reference_sample(log_pd, noise, m.gumbel_temperature) if training else D.argmax_one_hot(log_pd)
+    torch.testing.assert_close(sample, want, atol=1e-10, rtol=0)
+    torch.testing.assert_close(probs, reference_sample(logits, torch.zeros_like(noise), 1.0, kmask), atol=1e-12,
+                               rtol=0)
+    assert not torch.equal(sample.argmax(-1), probs.argmax(-1))  # a different distribution than softmax(L)

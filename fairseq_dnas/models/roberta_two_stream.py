@@ -23,7 +23,7 @@ Hooked as ``roberta_dnas`` is: a ``RobertaEncoder`` subclass whose
 checkpoint upgrades are fairseq's ``RobertaModel``.
 """
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.roberta import RobertaEncoder, RobertaModel
 from fairseq.models.roberta.model import base_architecture
 from fairseq.models.transformer import TransformerConfig
@@ -36,6 +36,7 @@ from fairseq_dnas.models.roberta_dnas import build_roberta, small_architecture
 from fairseq_dnas.models.transformer_two_stream import (
     TwoStreamModelMixin,
     add_two_stream_args,
+    register_sized,
     two_stream_defaults,
     validate_two_stream_args,
 )
@@ -131,20 +132,8 @@ def view_head_names(name: str):
 # --- architectures -----------------------------------------------------------
 
 
-def _register(model, name, sampler):
-    for suffix, sizes in (("", base_architecture), ("_small", small_architecture),
-                          ("_thesis", thesis_architecture)):
-
-        def arch(args, sizes=sizes):
-            two_stream_defaults(args, sampler)
-            sizes(args)
-
-        arch.__name__ = f"{name}{suffix}"
-        arch.__doc__ = f"Two-stream RoBERTa encoder, S from {sampler!r}, sizes of {sizes.__name__}."
-        register_model_architecture(model, arch.__name__)(arch)
-
-
-_register("roberta_two_stream", "roberta_discrete", "gumbel")
-_register("roberta_two_stream", "roberta_two_stream", "soft")
-_register("roberta_two_stream_multiview", "roberta_discrete_multiview", "gumbel")
-_register("roberta_two_stream_multiview", "roberta_two_stream_multiview", "soft")
+PRESETS = (("", base_architecture), ("_small", small_architecture), ("_thesis", thesis_architecture))
+register_sized("roberta_two_stream", "roberta_discrete", "gumbel", PRESETS)
+register_sized("roberta_two_stream", "roberta_two_stream", "soft", PRESETS)
+register_sized("roberta_two_stream_multiview", "roberta_discrete_multiview", "gumbel", PRESETS)
+register_sized("roberta_two_stream_multiview", "roberta_two_stream_multiview", "soft", PRESETS)

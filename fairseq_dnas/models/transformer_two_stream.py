@@ -52,6 +52,16 @@ def validate_two_stream_args(args) -> None:
     for side in ("encoder", "decoder"):
         if safe_getattr(args, f"{side}_layerdrop", 0) > 0:
             raise BadFlag(f"--{side}-layerdrop is not supported by the two-stream models; drop it")
+    # Nothing reads the top layer's controller output (the heads and the output
+    # projection read h), so those weights get no gradient; torch's DDP then
+    # needs to be told.
+    if (safe_getattr(args, "distributed_world_size", 1) > 1
+            and safe_getattr(args, "ddp_backend", "pytorch_ddp") in ("c10d", "pytorch_ddp")
+            and not safe_getattr(args, "find_unused_parameters", False)):
+        raise BadFlag(
+            "the two-stream models leave the top layer's controller output unread (its weights get no "
+            "gradient); with several GPUs add --find-unused-parameters (or --ddp-backend legacy_ddp)"
+        )
 
 
 def stream_attention_modules(model):
@@ -120,21 +130,22 @@ def tiny_architecture(args):
     base_architecture(args)
 
 
-def _register(name, sampler):
-    """``{name}``, ``{name}_iwslt_de_en`` (fairseq's transformer_iwslt_de_en:
-    the thesis's IWSLT model, 512 wide, FFN 1,024, 6 + 6 layers, 4 heads) and
-    ``{name}_tiny``, all with S from ``sampler``."""
-    for suffix, sizes in (("", base_architecture), ("_iwslt_de_en", transformer_iwslt_de_en),
-                          ("_tiny", tiny_architecture)):
+def register_sized(model, name, sampler, presets) -> None:
+    """Register ``{name}{suffix}`` for each (suffix, sizes) of ``presets``
+    under ``model``: the two-stream defaults with S from ``sampler``, then the sizes."""
+    for suffix, sizes in presets:
 
         def arch(args, sizes=sizes):
             two_stream_defaults(args, sampler)
             sizes(args)
 
         arch.__name__ = f"{name}{suffix}"
-        arch.__doc__ = f"Two-stream Transformer, S from {sampler!r}, sizes of {sizes.__name__}."
-        register_model_architecture("transformer_two_stream", arch.__name__)(arch)
+        arch.__doc__ = f"Two-stream model, S from {sampler!r}, sizes of {sizes.__name__}."
+        register_model_architecture(model, arch.__name__)(arch)
 
 
-_register("transformer_discrete", "gumbel")
-_register("transformer_two_stream", "soft")
+# ``{name}``, ``{name}_iwslt_de_en`` (fairseq's transformer_iwslt_de_en: the
+# thesis's IWSLT model, 512 wide, FFN 1,024, 6 + 6 layers, 4 heads) and ``{name}_tiny``.
+PRESETS = (("", base_architecture), ("_iwslt_de_en", transformer_iwslt_de_en), ("_tiny", tiny_architecture))
+register_sized("transformer_two_stream", "transformer_discrete", "gumbel", PRESETS)
+register_sized("transformer_two_stream", "transformer_two_stream", "soft", PRESETS)

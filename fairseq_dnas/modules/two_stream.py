@@ -163,11 +163,13 @@ class TwoStreamAttention(MultiheadAttention):
         if self.sampler == "soft":
             sample = dropped  # S = A
         else:
+            # Softmax(L) is sampled from the masked scores above; DNAS needs the masks itself.
+            dnas = self.scheme == "dnas"
             sample = discrete_probs(
-                logits, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                logits if dnas else scores, key_padding_mask=key_padding_mask if dnas else None,
+                attn_mask=attn_mask if dnas else None, query_padding_mask=query_padding_mask,
                 tau=self.gumbel_temperature, hard=self.gumbel_hard, training=self.training,
-                sampler=self.sampler, scheme=self.scheme, query_padding_mask=query_padding_mask,
-                sinkhorn_iters=self.sinkhorn_iters,
+                sampler=self.sampler, scheme=self.scheme, sinkhorn_iters=self.sinkhorn_iters,
             ).to(q.dtype)
         h_out = self.model_out_proj(merge_heads(torch.matmul(sample, vm)))  # W_o^h S v'
         self.attention_tap(probs, sample)  # identity; what the analysis hooks read
