@@ -72,6 +72,25 @@ def test_translation_trains_and_decodes_with_beam_search(arch, translation):
     assert "encoder.layers.0.self_attn.model_v_proj.weight" in state["model"]
 
 
+def test_hub_interface_translates_with_one_hot_attention(translation):
+    from fairseq.models.transformer import TransformerModel
+
+    import fairseq_dnas.plugin  # noqa: F401  (fairseq_dnas is imported already, so --user-dir alone would not)
+    from fairseq_dnas.analysis.capture import capture_two_stream
+
+    data, checkpoints = translation
+    path = checkpoints["transformer_discrete_tiny"]
+    hub = TransformerModel.from_pretrained(str(path.parent), checkpoint_file=path.name, data_name_or_path=str(data),
+                                           user_dir=USER_DIR, source_lang="src", target_lang="tgt")
+    assert type(hub.models[0]).__name__ == "TransformerTwoStreamModel"
+    with capture_two_stream(hub.models[0]) as records:
+        out = hub.translate("w1 w2 w3 w4 w5", beam=2)
+    assert isinstance(out, str) and out.strip()
+    # Beam search ran every site (incremental decoder steps included); S one-hot throughout.
+    assert {site.kind for site, _ in records} == {"encoder_self", "decoder_self", "decoder_cross"}
+    assert all(set(a["model_S"].unique().tolist()) <= {0.0, 1.0} for _, a in records)
+
+
 # --- sentence classification ----------------------------------------------------
 
 
