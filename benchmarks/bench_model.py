@@ -43,6 +43,25 @@ def build_models(args, archs, extra, vocab):
     return models, task, d
 
 
+def beam_search_calls(models, d, sample, tgt_len):
+    """{name: call} that runs beam 4 over ``sample`` with each model (eval
+    mode). min_len = max_len: every hypothesis runs the full decoder steps
+    (tgt_len - 1 tokens and </s>: the decoder's positions end at tgt_len)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    calls = {}
+    for name, m in models.items():
+        m.eval()
+        gen = SequenceGenerator([m], d, beam_size=4, max_len_a=0, max_len_b=tgt_len - 1, min_len=tgt_len - 1)
+
+        def call(gen=gen, m=m):
+            with torch.no_grad():
+                gen.generate([m], sample)
+
+        calls[name] = call
+    return calls
+
+
 def synthetic_batch(d, batch, src_len, tgt_len, seed=0):
     """Source left-padded with lengths in [src_len/2, src_len], target
     right-padded with lengths in [tgt_len/2, tgt_len], tokens uniform over
@@ -128,23 +147,10 @@ def model_section(args):
 
 
 def generate_section(args):
-    from fairseq.sequence_generator import SequenceGenerator
-
     archs, sizes, vocab, src_len, tgt_len, preset = model_sizes(args)
     models, task, d = build_models(args, archs, [*sizes, "--dropout", "0"], vocab)
     sample = synthetic_batch(d, args.gen_batch, src_len, tgt_len, seed=3)
-    calls = {}
-    for name, (m, _) in models.items():
-        m.eval()
-        # min_len = max_len: every hypothesis runs the full decoder steps
-        # (tgt_len - 1 tokens and </s>: the decoder's positions end at tgt_len).
-        gen = SequenceGenerator([m], d, beam_size=4, max_len_a=0, max_len_b=tgt_len - 1, min_len=tgt_len - 1)
-
-        def call(gen=gen, m=m):
-            with torch.no_grad():
-                gen.generate([m], sample)
-
-        calls[name] = call
+    calls = beam_search_calls({name: m for name, (m, _) in models.items()}, d, sample, tgt_len)
     log(f"generate {preset}, beam 4, {args.gen_batch} sentences x {tgt_len} tokens")
     with CpuLoad() as load:
         timing = timed_rounds(calls, 1, max(1, args.model_rounds - 2), "transformer")

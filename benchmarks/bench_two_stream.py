@@ -30,7 +30,7 @@ import torch
 
 import bench_common as common
 from bench_common import CpuLoad, log, timed_rounds
-from bench_model import build_models, model_args, synthetic_batch
+from bench_model import beam_search_calls, build_models, model_args, synthetic_batch
 
 ARCHS = {"transformer": "transformer", "two_stream_soft": "transformer_two_stream",
          "two_stream_discrete": "transformer_discrete"}
@@ -100,23 +100,10 @@ def update_section(args):
 
 
 def generate_section(args):
-    from fairseq.sequence_generator import SequenceGenerator
-
     models, task, d = build(args, [*SIZES[args.size], "--dropout", "0"])
     models = {k: models[k] for k in ("transformer", "two_stream_discrete")}
     sample = synthetic_batch(d, args.gen_batch, args.src_len, args.tgt_len, seed=3)
-    calls = {}
-    for name, m in models.items():
-        m.eval()
-        # min_len = max_len: every hypothesis runs the same number of decoder steps
-        gen = SequenceGenerator([m], d, beam_size=4, max_len_a=0, max_len_b=args.tgt_len - 1,
-                                min_len=args.tgt_len - 1)
-
-        def call(gen=gen, m=m):
-            with torch.no_grad():
-                gen.generate([m], sample)
-
-        calls[name] = call
+    calls = beam_search_calls(models, d, sample, args.tgt_len)
     log(f"generation, beam 4, size {args.size}, {args.gen_batch} sentences x {args.tgt_len} tokens")
     with CpuLoad() as load:
         timing = timed_rounds(calls, 1, args.rounds, "transformer")
