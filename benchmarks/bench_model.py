@@ -43,25 +43,6 @@ def build_models(args, archs, extra, vocab):
     return models, task, d
 
 
-def beam_search_calls(models, d, sample, tgt_len):
-    """{name: call} that runs beam 4 over ``sample`` with each model (eval
-    mode). min_len = max_len: every hypothesis runs the full decoder steps
-    (tgt_len - 1 tokens and </s>: the decoder's positions end at tgt_len)."""
-    from fairseq.sequence_generator import SequenceGenerator
-
-    calls = {}
-    for name, m in models.items():
-        m.eval()
-        gen = SequenceGenerator([m], d, beam_size=4, max_len_a=0, max_len_b=tgt_len - 1, min_len=tgt_len - 1)
-
-        def call(gen=gen, m=m):
-            with torch.no_grad():
-                gen.generate([m], sample)
-
-        calls[name] = call
-    return calls
-
-
 def synthetic_batch(d, batch, src_len, tgt_len, seed=0):
     """Source left-padded with lengths in [src_len/2, src_len], target
     right-padded with lengths in [tgt_len/2, tgt_len], tokens uniform over
@@ -106,28 +87,54 @@ def model_sizes(args):
     return archs, [], 30522, 128, 64, "Gigaword preset (12+12 layers, hidden 768, 12 heads)"
 
 
-def model_section(args):
+def training_steps(models, task, sample):
+    """name -> one training update (label-smoothed cross-entropy, backward,
+    Adam step) of that model on ``sample``."""
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
+    steps = {}
+    for name, (m, _) in models.items():
+        m.train()
+        crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+        opt = torch.optim.Adam(m.parameters(), lr=1e-5)
+
+        def step(m=m, crit=crit, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            loss, _, _ = crit(m, sample)
+            loss.backward()
+            opt.step()
+
+        steps[name] = step
+    return steps
+
+
+def generation_calls(models, d, sample, tgt_len):
+    """name -> one beam-4 generation of ``sample`` with that model."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    calls = {}
+    for name, (m, _) in models.items():
+        m.eval()
+        # min_len = max_len: every hypothesis runs the full decoder steps
+        # (tgt_len - 1 tokens and </s>: the decoder's positions end at tgt_len).
+        gen = SequenceGenerator([m], d, beam_size=4, max_len_a=0, max_len_b=tgt_len - 1, min_len=tgt_len - 1)
+
+        def call(gen=gen, m=m):
+            with torch.no_grad():
+                gen.generate([m], sample)
+
+        calls[name] = call
+    return calls
+
+
+def model_section(args):
     archs, sizes, vocab, src_len, tgt_len, preset = model_sizes(args)
     rows = []
     for attn_dropout in (0.1, 0.0):
         extra = [*sizes, "--attention-dropout", str(attn_dropout)]
         models, task, d = build_models(args, archs, extra, vocab)
         sample = synthetic_batch(d, args.model_batch, src_len, tgt_len)
-        steps = {}
-        for name, (m, _) in models.items():
-            m.train()
-            crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
-            opt = torch.optim.Adam(m.parameters(), lr=1e-5)
-
-            def step(m=m, crit=crit, opt=opt):
-                opt.zero_grad(set_to_none=True)
-                loss, _, _ = crit(m, sample)
-                loss.backward()
-                opt.step()
-
-            steps[name] = step
+        steps = training_steps(models, task, sample)
         log(f"model {preset}, attention dropout {attn_dropout}, batch {args.model_batch}: "
             f"timing {', '.join(steps)}")
         with CpuLoad() as load:
@@ -150,7 +157,7 @@ def generate_section(args):
     archs, sizes, vocab, src_len, tgt_len, preset = model_sizes(args)
     models, task, d = build_models(args, archs, [*sizes, "--dropout", "0"], vocab)
     sample = synthetic_batch(d, args.gen_batch, src_len, tgt_len, seed=3)
-    calls = beam_search_calls({name: m for name, (m, _) in models.items()}, d, sample, tgt_len)
+    calls = generation_calls(models, d, sample, tgt_len)
     log(f"generate {preset}, beam 4, {args.gen_batch} sentences x {tgt_len} tokens")
     with CpuLoad() as load:
         timing = timed_rounds(calls, 1, max(1, args.model_rounds - 2), "transformer")

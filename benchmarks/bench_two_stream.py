@@ -30,23 +30,12 @@ import torch
 
 import bench_common as common
 from bench_common import CpuLoad, log, timed_rounds
-from bench_model import beam_search_calls, build_models, model_args, synthetic_batch
+from bench_discrete import SIZES  # tiny, small, iwslt (fairseq's transformer_iwslt_de_en)
+from bench_model import build_models, generation_calls, model_args, synthetic_batch, training_steps
 
 ARCHS = {"transformer": "transformer", "two_stream_soft": "transformer_two_stream",
          "two_stream_discrete": "transformer_discrete"}
 TARGET = 2.1
-SIZES = {
-    "tiny": ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",
-             "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
-             "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
-    "small": ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
-              "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
-    # fairseq's transformer_iwslt_de_en sizes (the thesis's IWSLT model)
-    "iwslt": ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512",
-              "--decoder-embed-dim", "512", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
-}
 
 
 def build(args, extra):
@@ -75,22 +64,9 @@ def report(section, args, timing, load, fields):
 
 
 def update_section(args):
-    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
-
     models, task, d = build(args, [*SIZES[args.size], "--attention-dropout", "0.1"])
     sample = synthetic_batch(d, args.batch, args.src_len, args.tgt_len)
-    steps = {}
-    for name, m in models.items():
-        m.train()
-        crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
-        opt = torch.optim.Adam(m.parameters(), lr=1e-5)
-
-        def step(m=m, crit=crit, opt=opt):
-            opt.zero_grad(set_to_none=True)
-            crit(m, sample)[0].backward()
-            opt.step()
-
-        steps[name] = step
+    steps = training_steps({name: (m, None) for name, m in models.items()}, task, sample)
     log(f"training update, size {args.size}, batch {args.batch} x {args.src_len}/{args.tgt_len} tokens")
     with CpuLoad() as load:
         timing = timed_rounds(steps, 1, args.rounds, "transformer")
@@ -103,7 +79,7 @@ def generate_section(args):
     models, task, d = build(args, [*SIZES[args.size], "--dropout", "0"])
     models = {k: models[k] for k in ("transformer", "two_stream_discrete")}
     sample = synthetic_batch(d, args.gen_batch, args.src_len, args.tgt_len, seed=3)
-    calls = beam_search_calls(models, d, sample, args.tgt_len)
+    calls = generation_calls({name: (m, None) for name, m in models.items()}, d, sample, args.tgt_len)
     log(f"generation, beam 4, size {args.size}, {args.gen_batch} sentences x {args.tgt_len} tokens")
     with CpuLoad() as load:
         timing = timed_rounds(calls, 1, args.rounds, "transformer")

@@ -364,3 +364,39 @@ def test_dnas_with_sinkhorn_rounds_is_accepted():
     from fairseq_dnas.models.discrete_args import validate_discrete_args
 
     validate_discrete_args(_args(["--discrete-scheme", "dnas", "--sinkhorn-iters", "3"]))
+
+
+# --- the fused path -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_gumbel_attention_is_s_times_v(causal):
+    """gumbel_attention(q, k, v) = S v with S the float64 reference sample of
+    the same noise (torch's fused attention, the noise as an additive mask)."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(3, 2, 7, 5, generator=gen, dtype=torch.float64) for _ in range(3))
+    noise = D.gumbel_noise((3, 2, 7, 7), generator=gen)
+    kmask = padding_mask([7, 5, 6], 7, left_pad=False)
+    attn_mask = causal_mask(7, 7) if causal else None
+    out = D.gumbel_attention(q, k, v, scale=0.4, tau=0.6, key_padding_mask=kmask, attn_mask=attn_mask, noise=noise)
+    s = reference_sample(q @ k.transpose(-1, -2) * 0.4, noise, 0.6, kmask, attn_mask)
+    torch.testing.assert_close(out, s @ v, atol=1e-12, rtol=0)
+    # the caller's noise is not modified in place: the same call again gives the same
+    again = D.gumbel_attention(q, k, v, scale=0.4, tau=0.6, key_padding_mask=kmask, attn_mask=attn_mask, noise=noise)
+    assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_gumbel_attention_is_finite_in_half_precision(dtype):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 9, 8, generator=gen).mul(20).to(dtype) for _ in range(3))
+    kmask = padding_mask([9, 3], 9, left_pad=True)
+    for u in (0.0, 1.0):  # noise at the uniform's extremes everywhere
+        noise = D.gumbel_from_uniform(torch.full((2, 2, 9, 9), u))
+        try:
+            out = D.gumbel_attention(q, k, v, scale=0.35, tau=0.05, key_padding_mask=kmask,
+                                     attn_mask=causal_mask(9, 9), noise=noise)
+        except RuntimeError as err:  # some CPUs have no float16 kernel for it
+            assert dtype == torch.float16 and "not implemented" in str(err)
+            return
+        assert out.dtype == dtype and bool(torch.isfinite(out).all())

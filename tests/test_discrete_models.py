@@ -114,6 +114,33 @@ def test_gumbel_module_matches_float64_reference(kind, hard):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_fused_training_path_equals_the_explicit_sample(kind, monkeypatch):
+    """Training calls that ask for no weights run torch's fused attention with
+    the noise as an additive mask (gumbel_attention); with the same noise
+    (same seed) the output and the gradients are the explicit S v's (float64,
+    1e-12)."""
+    _, disc = _pair(kind, sampler="gumbel")
+    disc.train()
+    disc.gumbel_temperature = 0.7
+    calls = []
+    fused = DA.gumbel_attention
+    monkeypatch.setattr(DA, "gumbel_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    results = []
+    for need_weights in (False, True):
+        kw = _inputs(kind)
+        x = kw["query"].clone().requires_grad_(True)
+        kw.update(query=x, key=x if kind != "cross" else kw["key"], value=x if kind != "cross" else kw["value"])
+        torch.manual_seed(11)
+        out, _ = disc(**kw, need_weights=need_weights)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), x.grad, disc.q_proj.weight.grad.clone()))
+        disc.zero_grad()
+    assert calls == [1]  # the fused path ran once, the explicit one once
+    for fused_r, explicit_r in zip(*results):
+        torch.testing.assert_close(fused_r, explicit_r, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_eval_weights_are_exactly_one_hot(kind):
     _, disc = _pair(kind, sampler="gumbel")
     disc.eval()
@@ -319,6 +346,27 @@ def test_incremental_decoding_equals_full_causal_decoding():
     torch.testing.assert_close(nxt[:, -1], again[:, -1], atol=1e-5, rtol=0)
 
 
+def test_dnas_scheme_model_trains_and_decodes():
+    """--discrete-scheme dnas: the encoder samples from the DNAS probabilities
+    (training: finite loss gradients on every parameter; eval: the argmax of
+    the DNAS distribution, which differs from the softmax model's)."""
+    model = build_model(ARCH, ["--discrete-scheme", "dnas"])
+    d = model.encoder.dictionary
+    src = random_tokens([5, 9, 7], 9, d)
+    tgt = random_tokens([4, 6, 3], 6, d, left_pad=False, seed=2)
+    lengths = src.ne(d.pad()).sum(1)
+    model.train()
+    model(src, lengths, tgt)[0].logsumexp(-1).sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if "encoder.layers" in n and "self_attn" in n}
+    assert grads and all(g is not None and bool(torch.isfinite(g).all()) and g.abs().sum() > 0 for g in grads.values())
+    model.eval()
+    unas = build_model(ARCH)
+    unas.load_state_dict(model.state_dict(), strict=True)
+    p_dnas, p_unas = _capture_encoder_probs(model, src), _capture_encoder_probs(unas, src)
+    assert all(set(p.unique().tolist()) == {0.0, 1.0} for p in p_dnas.values())
+    assert any(not torch.equal(p_dnas[i], p_unas[i]) for i in p_dnas)
+
+
 def test_temperature_follows_the_anneal_schedule_and_is_logged():
     model = build_model(ARCH, ["--gumbel-anneal", "2,0.5,100"])
     mods = [m for m in model.modules() if isinstance(m, DiscreteMultiheadAttention)]
@@ -451,6 +499,14 @@ def test_generate_beam_4_and_interactive(translation):
     proc = run(["fairseq-interactive", translation["data"], "--user-dir", USER_DIR, "--cpu", "--path", ckpt,
                 "--beam", "2", "--source-lang", "src", "--target-lang", "tgt"], input="w1 w2 w3 w4\nw5 w6 w7\n")
     assert len(_hypotheses(proc.stdout)) == 2
+    # the hub interface
+    from fairseq.models.transformer import TransformerModel
+
+    hub = TransformerModel.from_pretrained(str(translation["discrete"]), checkpoint_file="checkpoint_best.pt",
+                                           data_name_or_path=str(translation["data"]), user_dir=USER_DIR,
+                                           source_lang="src", target_lang="tgt")
+    assert type(hub.models[0]).__name__ == "TransformerDiscreteSingleModel"
+    assert hub.translate("w1 w2 w3 w4 w5", beam=4).strip()
 
 
 def test_loaded_checkpoint_runs_discrete_attention(translation):

@@ -181,8 +181,13 @@ def test_stop_then_continue_with_a_larger_max_update_through_train_sh(alone, dat
 
 # What a user types (the README's first example), at the size of issue 19:
 # 200 pairs / 16 = 13 updates an epoch, a checkpoint every 7 updates, dropout on.
+# The discrete model also anneals its temperature (a function of the update
+# count, set again after loading) and draws Gumbel noise every update.
+ARCH_FLAGS = {"transformer_discrete_single": ["--gumbel-anneal", "2,0.5,30"]}
+
+
 def _plain_args(data_bin, arch, save_dir, max_update, dropout="0.2"):
-    return [data_bin, "--user-dir", os.path.join(ROOT, "fairseq_dnas"), "--task", "translation",
+    return [data_bin, *ARCH_FLAGS.get(arch, []), "--user-dir", os.path.join(ROOT, "fairseq_dnas"), "--task", "translation",
             "--source-lang", "article", "--target-lang", "title", "--arch", arch, *SMALL[:-2],
             "--dropout", dropout, "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
             "--warmup-updates", "4", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -223,6 +228,7 @@ def plain(tmp_path_factory):
 # matter there); train.sh's test and the kill tests cover inside epoch 2.
 PLAIN_CASES = [
     ("transformer_hnas", 26, "0.2"),
+    ("transformer_discrete_single", 17, "0.2"),
     pytest.param("transformer_hnas", 17, "0.2", marks=pytest.mark.full),
     pytest.param("transformer", 17, "0.2", marks=pytest.mark.full),
     pytest.param("transformer", 17, "0", marks=pytest.mark.full),

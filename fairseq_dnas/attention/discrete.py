@@ -27,6 +27,7 @@ import math
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
@@ -37,6 +38,10 @@ DISCRETE_SCHEMES = ("unas", "dnas")  # the distribution sampled from
 _F32 = torch.finfo(torch.float32)
 U_LOW = _F32.tiny  # smallest normal float32 > 0: -log(U) = 87.3, finite
 U_HIGH = 1.0 - _F32.eps  # 1 - 2^-23 < 1: -log(U) = 1.19e-7 > 0, so log() is finite
+# The same bounds on E = -log U, the exponential variable (-log of the
+# clamped uniform, computed in float32 as the noise is).
+E_LOW = float(-torch.tensor(U_HIGH, dtype=torch.float32).log())
+E_HIGH = float(-torch.tensor(U_LOW, dtype=torch.float32).log())
 
 # A finite stand-in for -inf inside the sample (the functional module's
 # value): a row whose keys are all forbidden then stays finite (uniform, then
@@ -47,14 +52,22 @@ NEG = AF.NEG
 def gumbel_from_uniform(u: Tensor) -> Tensor:
     """G = -log(-log U) (Section 3.3) in float32, U clamped to [U_LOW, U_HIGH]
     first, so U = 0 or U = 1 still give finite noise."""
-    u = u.to(torch.float32).clamp(U_LOW, U_HIGH)
-    return -torch.log(-torch.log(u))
+    return _gumbel_from_exponential(u.to(torch.float32).clamp(U_LOW, U_HIGH).log_().neg_())
+
+
+def _gumbel_from_exponential(e: Tensor) -> Tensor:
+    """G = -log E for E = -log U ~ Exp(1), in place, E clamped to the bounds
+    of the clamped uniform [E_LOW, E_HIGH]."""
+    return e.clamp_(E_LOW, E_HIGH).log_().neg_()
 
 
 def gumbel_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
-    """float32 Gumbel(0, 1) noise of ``shape``, always finite (see module doc)."""
-    u = torch.rand(shape, device=device, dtype=torch.float32, generator=generator)
-    return gumbel_from_uniform(u)
+    """float32 Gumbel(0, 1) noise of ``shape``, always finite: -log(-log U)
+    with U uniform clamped to [tiny, 1 - eps] of float32. E = -log U is drawn
+    directly as Exp(1) (torch's ``exponential_``, the same distribution, two
+    passes over the buffer fewer) and clamped to the same bounds."""
+    e = torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator)
+    return _gumbel_from_exponential(e)
 
 
 def masked_scores(scores: Tensor, key_padding_mask: Optional[Tensor] = None,
@@ -76,9 +89,17 @@ def masked_scores(scores: Tensor, key_padding_mask: Optional[Tensor] = None,
     return s
 
 
-def _allowed(logits: Tensor) -> Tensor:
-    """True where a key may be chosen (its logit is not -inf)."""
-    return logits > float("-inf")
+def _rows_with_keys(logits: Tensor) -> Tensor:
+    """(..., 1): 1 where the row has a key that may be chosen, else 0."""
+    return (logits.amax(dim=-1, keepdim=True) > float("-inf")).to(logits.dtype)
+
+
+def softmax_probs(logits: Tensor) -> Tensor:
+    """A = softmax(L) over the allowed keys, exactly 0 at -inf keys; rows with
+    no allowed key are all 0, not NaN (forward and gradient)."""
+    # -inf -> NEG: exp(NEG - max) is exactly 0 beside any real logit, and a
+    # row of NEG alone is finite (uniform, then zeroed), where -inf gives NaN.
+    return torch.softmax(logits.clamp_min(NEG), dim=-1) * _rows_with_keys(logits)
 
 
 def gumbel_softmax_probs(logits: Tensor, *, tau: float, hard: bool, noise: Tensor) -> Tensor:
@@ -87,39 +108,30 @@ def gumbel_softmax_probs(logits: Tensor, *, tau: float, hard: bool, noise: Tenso
     Args:
         logits: (..., T_k) L, -inf at keys that may not be chosen.
         tau: the temperature, > 0.
-        hard: straight-through: the forward value is one-hot(argmax_j (log
-            A + G)) exactly, the gradient is the relaxed sample's.
+        hard: straight-through: the forward value is one-hot(argmax_j (L + G))
+            exactly, the gradient is the relaxed sample's.
         noise: G, broadcastable to ``logits`` (float32 Gumbel noise).
 
     Returns:
         S in float32 (float64 for float64 logits): exactly 0 at -inf keys,
-        also after the noise; rows with no allowed key are all 0.
+        also after the noise (-inf + G = -inf); rows with no allowed key are
+        all 0.
     """
-    allowed = _allowed(logits)
-    log_a = torch.log_softmax(logits.masked_fill(~allowed, NEG), dim=-1)  # log A_i
-    y = (log_a + noise.to(log_a.dtype)) / tau
-    # Forbid the keys again after the noise: NEG + G is finite, so without
-    # this a tiny tau could still leave mass on a forbidden key.
-    soft = softmax_probs(y.masked_fill(~allowed, float("-inf")))
+    # log_softmax(L) = L - logsumexp(L) shifts a whole row by one constant,
+    # and softmax is shift-invariant: softmax((L + G) / tau) is the same
+    # sample, one pass over T x T fewer.
+    y = (logits + noise.to(logits.dtype)) / tau
+    soft = softmax_probs(y)
     if not hard:
         return soft
-    one_hot = _one_hot_argmax(y, allowed)
     # one_hot + (soft - soft.detach()) is exactly one_hot in the forward
     # (x - x = 0), and its gradient is soft's.
-    return one_hot + (soft - soft.detach())
+    return _one_hot_argmax(y) + (soft - soft.detach())
 
 
-def softmax_probs(logits: Tensor) -> Tensor:
-    """A = softmax(L) over the allowed keys, exactly 0 at -inf keys; rows with
-    no allowed key are all 0 (not NaN)."""
-    allowed = _allowed(logits)
-    return torch.softmax(logits.masked_fill(~allowed, NEG), dim=-1).masked_fill(~allowed, 0.0)
-
-
-def _one_hot_argmax(y: Tensor, allowed: Tensor) -> Tensor:
+def _one_hot_argmax(y: Tensor) -> Tensor:
     index = y.argmax(dim=-1, keepdim=True)  # first maximum: ties go to the lowest index
-    one_hot = torch.zeros_like(y).scatter_(-1, index, 1.0)
-    return one_hot * allowed.any(dim=-1, keepdim=True).to(y.dtype)
+    return torch.zeros_like(y).scatter_(-1, index, 1.0) * _rows_with_keys(y)
 
 
 def argmax_one_hot(logits: Tensor) -> Tensor:
@@ -128,8 +140,48 @@ def argmax_one_hot(logits: Tensor) -> Tensor:
     Ties go to the lowest index; rows whose keys are all -inf give zeros.
     float32 (float64 for float64 logits).
     """
-    y = logits.to(AF.compute_dtype(logits.dtype))
-    return _one_hot_argmax(y, _allowed(y)).detach()
+    return _one_hot_argmax(logits.detach().to(AF.compute_dtype(logits.dtype)))
+
+
+def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: float,
+                     key_padding_mask: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+                     dropout_p: float = 0.0, noise: Optional[Tensor] = None,
+                     generator: Optional[torch.Generator] = None) -> Tensor:
+    """S v for the relaxed sample (``hard=False``, scheme 'unas') through
+    torch's fused ``scaled_dot_product_attention``, which keeps no T x T
+    probabilities for the backward on its fused kernels.
+
+    With L = q k^T * scale, softmax((L + G) / tau) = softmax(q k^T * (scale /
+    tau) + M), M = (G + attn_mask) / tau with padded keys at the dtype's
+    lowest value: the noise enters as an additive mask. The gradient is the
+    relaxed sample's, as in ``discrete_probs``. Attention dropout
+    (``dropout_p``) drops entries of S as fairseq does.
+
+    Args:
+        q: (B, H, T_q, D); k, v: (B, H, T_k, D).
+        noise: G, (B, H, T_q, T_k) float32; drawn (``gumbel_noise``) when None.
+
+    Returns:
+        (B, H, T_q, D) in v's dtype. A row with no allowed key gives a finite
+        average of the values (``discrete_probs`` gives 0 there); fairseq's
+        models never have one.
+    """
+    shape = (q.size(0), q.size(1), q.size(2), k.size(2))
+    dtype = AF.compute_dtype(q.dtype)
+    if noise is None:
+        m = gumbel_noise(shape, device=q.device, generator=generator).to(dtype)
+    else:
+        m = noise.to(dtype, copy=True)  # the caller's noise stays as it was
+    if tau != 1.0:  # (the thesis's tau = 1 needs no pass)
+        m.div_(tau)
+    if attn_mask is not None:
+        m = m + attn_mask.to(dtype) / tau
+    if key_padding_mask is not None:
+        m.masked_fill_(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+    # -inf -> a finite lowest value (NEG, or half precision's lowest): a row
+    # with no allowed key stays finite
+    m = m.clamp_min_(max(NEG, torch.finfo(q.dtype).min)).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale / tau)
 
 
 def distribution_logits(scores: Tensor, *, scheme: str = "unas", key_padding_mask: Optional[Tensor] = None,

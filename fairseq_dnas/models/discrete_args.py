@@ -26,37 +26,37 @@ from fairseq_dnas.errors import BadFlag
 TEMPERATURE_METRIC = "gumbel_tau"
 
 
+# (flag, argparse keywords); defaults are set by ``discrete_defaults``.
+FLAGS = (
+    ("--gumbel-temperature", dict(
+        type=float, metavar="T",
+        help="Gumbel-softmax temperature tau during training (the thesis: 1); inference takes the argmax")),
+    ("--gumbel-hard", dict(
+        action="store_true",
+        help="straight-through Gumbel-softmax: one-hot attention in the forward, the relaxed sample's gradient")),
+    ("--gumbel-anneal", dict(
+        type=str, metavar="START,END,UPDATES",
+        help="anneal tau geometrically from START to END over UPDATES updates (then stay at END); "
+             "replaces --gumbel-temperature")),
+    ("--discrete-scheme", dict(
+        choices=DISCRETE_SCHEMES,
+        help="distribution each attention row samples from: unas = softmax(L) (the thesis), "
+             "dnas = doubly-normalized probabilities (encoder self-attention only)")),
+    ("--discrete-sampler", dict(
+        choices=SAMPLERS, help="gumbel: sample (argmax at inference); soft: S = softmax(L), no sampling")),
+    ("--sinkhorn-iters", dict(
+        type=int, metavar="N",
+        help="column/row normalization rounds of --discrete-scheme dnas (1 = Ding et al.'s DNAS)")),
+)
+
+
 def add_discrete_args(parser, sinkhorn: bool = True) -> None:
     """The discrete-attention flags (defaults in ``discrete_defaults``).
     ``sinkhorn=False`` leaves out ``--sinkhorn-iters`` for a parser that
     already has it."""
-    parser.add_argument(
-        "--gumbel-temperature", type=float, metavar="T",
-        help="Gumbel-softmax temperature tau during training (the thesis: 1); inference takes the argmax",
-    )
-    parser.add_argument(
-        "--gumbel-hard", action="store_true",
-        help="straight-through Gumbel-softmax: one-hot attention in the forward, the relaxed sample's gradient",
-    )
-    parser.add_argument(
-        "--gumbel-anneal", type=str, metavar="START,END,UPDATES",
-        help="anneal tau geometrically from START to END over UPDATES updates (then stay at END); "
-             "replaces --gumbel-temperature",
-    )
-    parser.add_argument(
-        "--discrete-scheme", choices=DISCRETE_SCHEMES,
-        help="distribution each attention row samples from: unas = softmax(L) (the thesis), "
-             "dnas = doubly-normalized probabilities (encoder self-attention only)",
-    )
-    parser.add_argument(
-        "--discrete-sampler", choices=SAMPLERS,
-        help="gumbel: sample (argmax at inference); soft: S = softmax(L), no sampling",
-    )
-    if sinkhorn:
-        parser.add_argument(
-            "--sinkhorn-iters", type=int, metavar="N",
-            help="column/row normalization rounds of --discrete-scheme dnas (1 = Ding et al.'s DNAS)",
-        )
+    for flag, kwargs in FLAGS:
+        if sinkhorn or flag != "--sinkhorn-iters":
+            parser.add_argument(flag, **kwargs)
 
 
 def discrete_defaults(args, sampler: str = "gumbel") -> None:

@@ -67,10 +67,9 @@ class RobertaDiscreteSingleModel(RobertaModel):
 def thesis_architecture(args):
     """The thesis's classifier (Section 5.3): 6 layers, d_model 64, d_ff 128,
     4 heads; RoBERTa's other settings (post-norm, GELU, 512 positions)."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 6)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 128)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    sizes = dict(encoder_layers=6, encoder_embed_dim=64, encoder_ffn_embed_dim=128, encoder_attention_heads=4)
+    for name, value in sizes.items():  # unless set on the command line
+        setattr(args, name, safe_getattr(args, name, value))
     base_architecture(args)
 
 

@@ -23,6 +23,9 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_dnas.attention import discrete as DA
+from fairseq_dnas.modules.dnas_multihead_attention import fairseq_weights
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 class DiscreteMultiheadAttention(MultiheadAttention):
@@ -68,8 +71,9 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         return s
 
     def _project(self, query, key, value, static_cached: bool):
-        """q (T_q, B, C) scaled, k and v (T_k, B_kv, C) or None when cached."""
-        q = self.q_proj(query) * self.scaling
+        """q (T_q, B, C) (not yet scaled by 1 / sqrt(d_k)), k and v (T_k,
+        B_kv, C) or None when cached."""
+        q = self.q_proj(query)
         if self.self_attention:
             return q, self.k_proj(query), self.v_proj(query)
         if static_cached or key is None:
@@ -78,42 +82,45 @@ class DiscreteMultiheadAttention(MultiheadAttention):
             value = key  # fairseq's encoder-decoder attention reads keys and values from key
         return q, self.k_proj(key), self.v_proj(value)
 
-    def _cached(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
+    def _cached(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv, kv_bsz):
         """Append this step's keys and values to the cache (or read the
         static encoder ones), with fairseq's buffer names and shapes
-        (B_kv, H, T, D), so ``reorder_incremental_state`` works unchanged."""
+        (B_kv, H, T, D), so ``reorder_incremental_state`` works unchanged.
+        k, v: (B_kv * H, T, D) or None; returns them with the past."""
+        heads, head_dim = self.num_heads, self.head_dim
         if "prev_key" in saved_state:
-            prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
+            kv_bsz = saved_state["prev_key"].size(0)
+            prev_k = saved_state["prev_key"].view(kv_bsz * heads, -1, head_dim)
+            prev_v = saved_state["prev_value"].view(kv_bsz * heads, -1, head_dim)
             if static_kv:
                 k, v = prev_k, prev_v
             else:
-                k, v = torch.cat([prev_k, k], dim=2), torch.cat([prev_v, v], dim=2)
+                k, v = torch.cat([prev_k, k], dim=1), torch.cat([prev_v, v], dim=1)
         key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
             key_padding_mask=key_padding_mask,
             prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-            batch_size=k.size(0),
-            src_len=k.size(2),
+            batch_size=kv_bsz,
+            src_len=k.size(1),
             static_kv=static_kv,
         )
-        saved_state["prev_key"], saved_state["prev_value"] = k, v
+        saved_state["prev_key"] = k.view(kv_bsz, heads, -1, head_dim)
+        saved_state["prev_value"] = v.view(kv_bsz, heads, -1, head_dim)
         saved_state["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved_state)
         return k, v, key_padding_mask
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Input (T, B, C) as in fairseq; returns (output (T_q, B, C), S).
+    def _fused(self, need_weights: bool, beam: int) -> bool:
+        """The training hot path (relaxed sample of softmax(L), weights not
+        asked for) runs through torch's fused attention, ``gumbel_attention``."""
+        return (self.training and self.sampler == "gumbel" and not self.gumbel_hard
+                and self.discrete_scheme == "unas" and not need_weights and beam == 1)
+
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
+                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """fairseq's ``MultiheadAttention.forward`` arguments; input (T, B, C);
+        returns (output (T_q, B, C), S).
 
         S, when asked for, is (B, T_q, T_k) averaged over heads or
         (H, B, T_q, T_k) with ``need_head_weights``: the float32 attention
@@ -137,30 +144,50 @@ class DiscreteMultiheadAttention(MultiheadAttention):
                 key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
         q, k, v = self._project(query, key, value, static_cached)
 
-        # (T, B, C) -> (B, H, T, D)
-        q = q.view(tgt_len, bsz, heads, head_dim).permute(1, 2, 0, 3)
+        # (T, B, C) -> (B * H, T, D), as fairseq lays out heads
+        q = q.contiguous().view(tgt_len, bsz * heads, head_dim).transpose(0, 1)
+        kv_bsz = bsz if k is None else k.size(1)
         if k is not None:
-            k = k.view(k.size(0), -1, heads, head_dim).permute(1, 2, 0, 3)
-            v = v.view(v.size(0), -1, heads, head_dim).permute(1, 2, 0, 3)
+            k = k.contiguous().view(k.size(0), kv_bsz * heads, head_dim).transpose(0, 1)
+            v = v.contiguous().view(v.size(0), kv_bsz * heads, head_dim).transpose(0, 1)
         if saved_state is not None:
-            k, v, key_padding_mask = self._cached(incremental_state, saved_state, k, v, key_padding_mask, static_kv)
+            k, v, key_padding_mask = self._cached(
+                incremental_state, saved_state, k, v, key_padding_mask, static_kv, kv_bsz
+            )
+            kv_bsz = k.size(0) // heads
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None  # fairseq's placeholder for "no mask"
-
+        src_len = k.size(1)
         # Beam search keeps one copy of the encoder keys per sentence: the
         # queries of sentence b are rows b * beam .. b * beam + beam - 1.
-        kv_bsz, src_len = k.size(0), k.size(2)
         beam = bsz // kv_bsz
-        # (B_kv, beam, H, T_q, D) @ (B_kv, 1, H, D, T_k) -> (B, H, T_q, T_k)
-        scores = (q.view(kv_bsz, beam, heads, tgt_len, head_dim) @ k.unsqueeze(1).transpose(-1, -2)).view(
-            bsz, heads, tgt_len, src_len
-        )
-        if key_padding_mask is not None and beam > 1:
-            key_padding_mask = key_padding_mask.repeat_interleave(beam, dim=0)
+
+        if self._fused(need_weights, beam):
+            # Eq. 4.1, relaxed: S v with S = softmax((L + G) / tau), fused.
+            out = DA.gumbel_attention(
+                q.view(bsz, heads, tgt_len, head_dim),
+                k.view(bsz, heads, src_len, head_dim),
+                v.view(bsz, heads, src_len, head_dim),
+                scale=self.scaling,  # 1 / sqrt(d_k), applied inside the fused kernel
+                tau=self.gumbel_temperature,
+                key_padding_mask=key_padding_mask,
+                attn_mask=attn_mask,
+                dropout_p=self.dropout_module.p,
+            )
+            out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)  # (B, H, T, D) -> (T, B, C)
+            return self.out_proj(out), None
+
+        q = q * self.scaling
+        if beam == 1:
+            scores = torch.bmm(q, k.transpose(1, 2))  # (B * H, T_q, T_k)
+        else:  # (B_kv, beam, H, T_q, D) @ (B_kv, 1, H, D, T_k)
+            scores = q.reshape(kv_bsz, beam, heads, tgt_len, head_dim) @ k.view(
+                kv_bsz, 1, heads, src_len, head_dim).transpose(-1, -2)
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask.repeat_interleave(beam, 0)
 
         # Eq. 4.1: z_i ~ Categorical(softmax(L_i)), relaxed (training) or argmax (eval).
         probs = DA.discrete_probs(
-            scores,
+            scores.view(bsz, heads, tgt_len, src_len),
             key_padding_mask=key_padding_mask,
             attn_mask=attn_mask,
             tau=self.gumbel_temperature,
@@ -174,14 +201,12 @@ class DiscreteMultiheadAttention(MultiheadAttention):
             sinkhorn_iters=self.sinkhorn_iters,
         )
         s = self.dropout_module(probs.to(v.dtype))  # attention dropout on S, as fairseq on softmax(L)
+        if beam == 1:
+            out = torch.bmm(s.view(bsz * heads, tgt_len, src_len), v)  # (B * H, T_q, D)
+        else:
+            out = s.view(kv_bsz, beam, heads, tgt_len, src_len) @ v.view(kv_bsz, 1, heads, src_len, head_dim)
+        out = out.reshape(bsz, heads, tgt_len, head_dim).permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        out = self.out_proj(out)
 
-        # (B_kv, beam, H, T_q, T_k) @ (B_kv, 1, H, T_k, D) -> (B, H, T_q, D) -> (T_q, B, C)
-        out = (s.view(kv_bsz, beam, heads, tgt_len, src_len) @ v.unsqueeze(1)).view(bsz, heads, tgt_len, head_dim)
-        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+        return out, fairseq_weights(probs, need_weights, need_head_weights)
 
-        weights: Optional[Tensor] = None
-        if need_weights:
-            weights = probs.transpose(0, 1)  # (H, B, T_q, T_k), fairseq's layout
-            if not need_head_weights:
-                weights = weights.mean(dim=0)
-        return out, weights

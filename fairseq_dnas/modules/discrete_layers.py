@@ -44,16 +44,11 @@ class DiscreteTransformerEncoderLayer(DNASTransformerEncoderLayer):
     """fairseq's encoder layer with discrete self-attention (and, from the
     parent, fairseq 0.12.2's softmax-only inference fast path switched off)."""
 
-    def build_self_attention(self, embed_dim, cfg):
-        return DiscreteMultiheadAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            **discrete_settings(cfg, scheme=True),
-        )
+    attention_class = DiscreteMultiheadAttention
+
+    @staticmethod
+    def attention_settings(cfg) -> dict:
+        return discrete_settings(cfg, scheme=True)
 
 
 class DiscreteTransformerEncoder(DNASTransformerEncoder):

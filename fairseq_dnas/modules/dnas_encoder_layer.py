@@ -13,7 +13,8 @@ from fairseq_dnas.modules.dnas_multihead_attention import DNASMultiheadAttention
 
 
 class DNASTransformerEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer with a ``DNASMultiheadAttention`` inside.
+    """fairseq's encoder layer with a ``DNASMultiheadAttention`` inside
+    (``attention_class``, built with ``attention_settings(cfg)``).
 
     The scheme settings are read from ``cfg`` (``encoder_attention_scheme``,
     ``sinkhorn_iters``, ``hybrid_init``, ``hybrid_weight_per``).
@@ -33,18 +34,23 @@ class DNASTransformerEncoderLayer(TransformerEncoderLayerBase):
     def can_use_fastpath(self, value):
         pass  # fairseq 0.12.2's __init__ assigns it; ignore that
 
+    attention_class = DNASMultiheadAttention
+
+    @staticmethod
+    def attention_settings(cfg) -> dict:
+        """``attention_class``'s own keywords, read from ``cfg``."""
+        return dict(scheme=cfg.encoder_attention_scheme, sinkhorn_iters=cfg.sinkhorn_iters,
+                    hybrid_init=cfg.hybrid_init, hybrid_per=cfg.hybrid_weight_per)
+
     def build_self_attention(self, embed_dim, cfg):
-        return DNASMultiheadAttention(
+        return self.attention_class(
             embed_dim,
             cfg.encoder.attention_heads,
             dropout=cfg.attention_dropout,
             self_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
-            scheme=cfg.encoder_attention_scheme,
-            sinkhorn_iters=cfg.sinkhorn_iters,
-            hybrid_init=cfg.hybrid_init,
-            hybrid_per=cfg.hybrid_weight_per,
+            **self.attention_settings(cfg),
         )
 
 

@@ -18,6 +18,16 @@ from fairseq_dnas.attention import functional as AF
 from fairseq_dnas.attention.hybrid import HYBRID_PER, check_hybrid_init, exact_logit, hybrid_logit  # noqa: F401
 from fairseq_dnas.attention.kernels import attend
 
+
+def fairseq_weights(probs: Tensor, need_weights: bool, need_head_weights: bool) -> Optional[Tensor]:
+    """(B, H, T_q, T_k) probabilities as fairseq returns attention weights:
+    None, the mean over heads (B, T_q, T_k), or per head (H, B, T_q, T_k)."""
+    if not need_weights:
+        return None
+    weights = probs.transpose(0, 1)
+    return weights if need_head_weights else weights.mean(dim=0)
+
+
 class DNASMultiheadAttention(MultiheadAttention):
     """Self-attention with scheme 'unas', 'dnas' or 'hnas' (Ding et al., 2020).
 
@@ -151,9 +161,4 @@ class DNASMultiheadAttention(MultiheadAttention):
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         out = self.out_proj(out)
 
-        weights: Optional[Tensor] = None
-        if need_weights:
-            weights = probs.transpose(0, 1)  # (H, B, T, T), fairseq's layout
-            if not need_head_weights:
-                weights = weights.mean(dim=0)
-        return out, weights
+        return out, fairseq_weights(probs, need_weights, need_head_weights)

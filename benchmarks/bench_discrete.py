@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Speed of the single-stream discrete Transformer (J. Kinley, 2020) against
+fairseq's ``transformer`` of the same size and weights, in one run:
+
+- a training update (forward with Gumbel noise, backward, Adam step), median
+  seconds and the median per-round ratio to ``transformer`` (target <= 1.15x);
+- generation with beam 4 (argmax attention, incremental decoding), sentences
+  per second and the ratio.
+
+    .venv/bin/python benchmarks/bench_discrete.py --size small --json /tmp/bench_discrete.json
+
+Sizes: ``tiny`` (fairseq's transformer_tiny), ``small`` (3 + 3 layers, 256
+wide, FFN 1,024, 4 heads; the default, a minute or two on a laptop CPU),
+``iwslt`` (the thesis's IWSLT model: 6 + 6 layers, 512 wide, FFN 1,024, 4
+heads). Rounds are interleaved (bench_common.timed_rounds), so a load change
+during the run hits both models alike; ``foreign_cpu`` reports the load of
+other processes.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+import bench_common as common
+from bench_common import CpuLoad, log, timed_rounds
+from bench_model import build_models, generation_calls, synthetic_batch, training_steps
+
+ARCHS = {"transformer": "transformer", "discrete_single": "transformer_discrete_single"}
+SIZES = {
+    "tiny": ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",
+             "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"],
+    "small": ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
+              "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
+              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
+    "iwslt": ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512",
+              "--decoder-embed-dim", "512", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
+              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
+}
+
+
+def timed_section(args, section, build, extra):
+    """Time ``build(models, task, d)``'s calls of both models, interleaved."""
+    models, task, d = build_models(args, ARCHS, [*SIZES[args.size], *extra], args.vocab)
+    with CpuLoad() as load:
+        timing = timed_rounds(build(models, task, d), 1, args.rounds, "transformer")
+    rows = []
+    for name, t in timing.items():
+        rows.append({"section": section, "model": name, "arch": ARCHS[name], "size": args.size,
+                     "median_s": t["median_s"], "times_s": t["times_s"], "time_ratio": t["ratio"],
+                     "foreign_cpu": load.foreign_fraction})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=SIZES, default="small")
+    p.add_argument("--batch", type=int, default=32, help="sentences per training update")
+    p.add_argument("--gen-batch", type=int, default=16, help="sentences per generation call")
+    p.add_argument("--src-len", type=int, default=32)
+    p.add_argument("--tgt-len", type=int, default=32)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--json", help="write the rows and the machine here")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+
+    log(f"training update, size {args.size}, batch {args.batch} x {args.src_len}/{args.tgt_len} tokens")
+    rows = timed_section(args, "update", lambda models, task, d: training_steps(
+        models, task, synthetic_batch(d, args.batch, args.src_len, args.tgt_len)), ["--attention-dropout", "0.1"])
+    for r in rows:
+        log(f"  {r['model']:16s} {r['median_s']:7.3f} s/update  x{r['time_ratio']:.3f} (target <= 1.15)")
+
+    log(f"generation, beam 4, size {args.size}, {args.gen_batch} sentences x {args.tgt_len} tokens")
+    gen = timed_section(args, "generate", lambda models, task, d: generation_calls(
+        models, d, synthetic_batch(d, args.gen_batch, args.src_len, args.tgt_len, seed=3), args.tgt_len),
+        ["--dropout", "0"])
+    for r in gen:
+        r["sentences_per_s"] = args.gen_batch / r["median_s"]
+        log(f"  {r['model']:16s} {r['sentences_per_s']:7.2f} sentences/s  x{r['time_ratio']:.3f} (time)")
+    rows += gen
+    log(f"other processes' CPU load during the run: {rows[0]['foreign_cpu']:.0%} / {gen[0]['foreign_cpu']:.0%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": common.machine(), "settings": vars(args), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
