@@ -85,8 +85,9 @@ class TwoStreamAttention(MultiheadAttention):
     ``forward`` is fairseq's (the controller alone); ``two_stream_forward``
     runs both streams and returns A and S.
 
-    ``sampler``: 'gumbel' (S sampled from L) or 'soft' (S = A, after the
-    attention dropout, so the soft model with tied streams is fairseq's).
+    ``sampler``: 'gumbel' (S sampled from L; the sample is the noise, no
+    attention dropout on it) or 'soft' (S = A, after the attention dropout,
+    so the soft model with tied streams is fairseq's).
     ``scheme`` 'dnas' samples from the DNAS distribution instead of
     softmax(L) (encoder self-attention only); the controller's A stays
     softmax(L).
