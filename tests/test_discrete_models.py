@@ -539,8 +539,9 @@ def _sentences(n, rng):
 
 
 def test_sentence_prediction_and_sentence_classify_score(tmp_path):
-    """roberta_discrete_single_thesis trained with --task sentence_prediction,
-    then scored by scripts/sentence_classify.py, unchanged."""
+    """roberta_discrete_single_thesis (2 of its 6 layers, to keep it short)
+    trained with --task sentence_prediction, then scored by
+    scripts/sentence_classify.py, unchanged."""
     import sentencepiece as spm
 
     rng = random.Random(0)
@@ -565,7 +566,7 @@ def test_sentence_prediction_and_sentence_classify_score(tmp_path):
     save = tmp_path / "ckpt"
     proc = run(["fairseq-train", data, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
                 "--num-classes", "2", "--init-token", "0", "--separator-token", "2", "--max-positions", "64",
-                "--arch", "roberta_discrete_single_thesis", "--user-dir", USER_DIR, "--cpu", "--optimizer", "adam",
+                "--arch", "roberta_discrete_single_thesis", "--encoder-layers", "2", "--user-dir", USER_DIR, "--cpu", "--optimizer", "adam",
                 "--lr", "2e-3", "--batch-size", "16", "--max-epoch", "3", "--no-epoch-checkpoints",
                 "--no-progress-bar", "--log-interval", "5", "--seed", "1", "--save-dir", save,
                 "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"])
