@@ -48,8 +48,8 @@ def _tsv(path, n, rng, header=True):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """A generated set, the recipe's data steps, and two tiny classifiers
-    (roberta, roberta_hnas) trained for a few updates."""
+    """A generated set, the recipe's data steps, and three tiny classifiers
+    (roberta, roberta_hnas, the two-stream roberta_discrete) trained for a few updates."""
     root = tmp_path_factory.mktemp("faithfulness")
     rng = random.Random(0)
     files = {split: root / f"{split}.tsv" for split in ("train", "dev", "test")}
@@ -69,7 +69,7 @@ def tiny(tmp_path_factory):
         run(["fairseq-preprocess", "--only-source", "--trainpref", text / f"train.{ext}", "--validpref",
              text / f"valid.{ext}", "--testpref", text / f"test.{ext}", "--destdir", data / part, "--workers", "1"])
     ckpt = {}
-    for arch in ("roberta", "roberta_hnas"):
+    for arch in ("roberta", "roberta_hnas", "roberta_discrete"):
         save = root / arch
         run(["fairseq-train", data, "--user-dir", USER_DIR, "--task", "sentence_prediction",
              "--criterion", "sentence_prediction", "--num-classes", "2", "--init-token", "0",
@@ -274,28 +274,30 @@ def test_one_backward_per_padded_batch_equals_one_example_at_a_time(tiny, arch):
 
 
 def test_a_two_stream_encoder_is_read_by_stream_name(tiny):
-    """The extension point: an attention module with ``stream_head_probs``
-    reports 'model' and 'controller'; --attention picks one by name."""
-    from fairseq_dnas.analysis.capture import head_probs
+    """roberta_discrete: 'model' sums the model stream's S (one-hot rows in
+    eval), 'controller' the controller's A, each as the model used them
+    (read independently here through capture_two_stream); the importance
+    does not depend on the choice."""
+    from fairseq_dnas.analysis.capture import capture_two_stream
 
-    model, task, data = _float64_model(tiny["ckpt"]["roberta_hnas"], True)
-    rows = _examples(tiny, model, task, data, 5)
+    model, task, data = sentence_classify.load(str(tiny["ckpt"]["roberta_discrete"]))
+    model = model.double().eval()
+    rows = _examples(tiny, model, task, data, 6)
     x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
-    single = FA.explain_batch(model, x, HEAD, 0)
-    constant = 0.01
-    for layer in model.encoder.sentence_encoder.layers:
-        m = layer.self_attn
-        m.stream_head_probs = lambda call, m=m: {"model": head_probs(m, call)[1],
-                                                 "controller": torch.full_like(head_probs(m, call)[1], constant)}
     by_model = FA.explain_batch(model, x, HEAD, 0, attention="model")
     by_controller = FA.explain_batch(model, x, HEAD, 0, attention="controller")
-    torch.testing.assert_close(by_model["attention"], single["attention"], atol=0, rtol=0)
-    stack = model.encoder.sentence_encoder.layers
-    layers, heads = len(stack), stack[0].self_attn.num_heads
-    queries = (~x.eq(task.source_dictionary.pad())).sum(1, keepdim=True).double()
-    expected = layers * heads * queries * constant * single["real"].double()
-    torch.testing.assert_close(by_controller["attention"], expected, atol=1e-12, rtol=0)
-    torch.testing.assert_close(by_controller["importance"]["grad"], single["importance"]["grad"], atol=0, rtol=0)
+    with capture_two_stream(model, decoder=False) as records, torch.no_grad():
+        model(x, features_only=True, classification_head_name=HEAD)
+    assert len(records) == len(model.encoder.sentence_encoder.layers)
+    query = (~x.eq(task.source_dictionary.pad())).double()[None, :, :, None]
+    for name, got in (("model_S", by_model), ("controller_A", by_controller)):
+        a = sum((parts[name].double() * query).sum(dim=(0, 2)) for _, parts in records)
+        torch.testing.assert_close(got["attention"], a * got["real"].double(), atol=1e-12, rtol=0)
+    S = torch.stack([parts["model_S"] for _, parts in records])
+    assert set(S.unique().tolist()) <= {0.0, 1.0}  # argmax rows at inference
+    assert not torch.equal(by_model["attention"], by_controller["attention"])
+    for form in FA.IMPORTANCE_FORMS:
+        torch.testing.assert_close(by_model["importance"][form], by_controller["importance"][form], atol=0, rtol=0)
 
 
 def test_training_mode_is_refused(tiny):

@@ -20,11 +20,17 @@ the exact inputs of that call and runs the *same module* once more with
 Each re-run is checked against the output the model actually produced, so
 what is reported is what the model computed. The model's math is untouched;
 the hooks only add a second call.
+
+A two-stream module (``TwoStreamAttention``, J. Kinley 2020) is not re-run:
+it hands the controller's A and the model stream's S, as it used them, to
+its ``attention_tap`` (an identity module), and a hook there reads them
+(``two_stream_attention``): two components per site, ``controller_A`` and
+``model_S``.
 """
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +40,12 @@ _FORWARD_PARAMS = (
     "query", "key", "value", "key_padding_mask", "incremental_state", "need_weights",
     "static_kv", "attn_mask", "before_softmax", "need_head_weights",
 )
+# An HNAS module is reported as the mixture the model uses and, apart, as its
+# two components; a two-stream module as the controller's A and the model
+# stream's S.
+HNAS_COMPONENTS = ("mixture", "dnas", "unas")
+TWO_STREAM = "two_stream"
+TWO_STREAM_COMPONENTS = ("controller_A", "model_S")
 
 
 @dataclass
@@ -43,7 +55,7 @@ class Site:
     kind: str  # 'encoder_self', 'decoder_self' (causal) or 'decoder_cross'
     layer: int  # 0 = bottom
     module: nn.Module
-    scheme: str  # 'unas', 'dnas', 'hnas', or a module's ``capture_name`` ('discrete')
+    scheme: str  # 'unas', 'dnas', 'hnas', or a module's ``capture_name`` ('discrete', 'two_stream')
 
     @property
     def hybrid_weight(self) -> Optional[List[float]]:
@@ -84,6 +96,42 @@ def attention_sites(model, decoder: bool = True) -> List[Site]:
             if getattr(block, "encoder_attn", None) is not None:
                 sites.append(Site("decoder_cross", layer, block.encoder_attn, site_scheme(block.encoder_attn)))
     return sites
+
+
+def site_components(site: Site) -> Tuple[str, ...]:
+    """The attentions reported per site: HNAS's mixture and its two parts,
+    a two-stream module's A and S, else the scheme's one."""
+    if site.scheme == "hnas":
+        return HNAS_COMPONENTS
+    if site.scheme == TWO_STREAM:
+        return TWO_STREAM_COMPONENTS
+    return (site.scheme,)
+
+
+def two_stream_attention(tap_args) -> Dict[str, Tensor]:
+    """The arguments a two-stream module's ``attention_tap`` was called with,
+    as {'controller_A': A, 'model_S': S}, each (H, B, T_q, T_k) as
+    ``head_probs`` returns probabilities (in eval mode S rows are one-hot)."""
+    probs, sample = tap_args
+    return dict(zip(TWO_STREAM_COMPONENTS, (probs.detach().transpose(0, 1), sample.detach().transpose(0, 1))))
+
+
+@contextmanager
+def capture_two_stream(model, decoder: bool = True):
+    """While active, every forward of a two-stream ``model`` appends
+    (site, {'controller_A': A, 'model_S': S}) per attention module to the
+    yielded list, in call order."""
+    records = []
+    handles = []
+    for site in attention_sites(model, decoder=decoder):
+        if site.scheme == TWO_STREAM:
+            hook = (lambda s: lambda mod, args, out: records.append((s, two_stream_attention(args))))(site)
+            handles.append(site.module.attention_tap.register_forward_hook(hook))
+    try:
+        yield records
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def call_kwargs(args, kwargs) -> dict:
@@ -144,21 +192,14 @@ SINGLE_STREAM = "self"
 
 
 def stream_probs(module, call: dict, observed: Optional[Tensor] = None, what: str = "") -> dict:
-    """{stream name: per-head probabilities (H, B, T_q, T_k)} of one captured
-    encoder self-attention call.
-
-    A single-stream module (fairseq's ``MultiheadAttention``, the plugin's
-    ``DNASMultiheadAttention``: UNAS, DNAS, the HNAS mixture) gives one entry,
-    ``SINGLE_STREAM``, its re-run checked against ``observed`` (the output
-    the model produced) when given. A module that holds several streams says
-    so by a method ``stream_head_probs(call) -> {name: (H, B, T_q, T_k)}``
-    (``'model'`` and ``'controller'`` for a two-stream encoder: the model
-    stream's S and the controller's A), used as it is.
+    """{``SINGLE_STREAM``: per-head probabilities (H, B, T_q, T_k)} of one
+    captured self-attention call of a single-stream module (fairseq's
+    ``MultiheadAttention``, ``DNASMultiheadAttention``: UNAS, DNAS, the HNAS
+    mixture; ``DiscreteMultiheadAttention``: the S it used), its re-run
+    checked against ``observed`` (the output the model produced) when given.
+    Two-stream modules are read at their ``attention_tap`` instead
+    (``EncoderAttention``): {'model': S, 'controller': A}.
     """
-    named = getattr(module, "stream_head_probs", None)
-    if named is not None:
-        with torch.no_grad():
-            return dict(named(call))
     out, probs = head_probs(module, call)
     if observed is not None:
         check_same_output(out, observed, what)
@@ -182,8 +223,9 @@ class Hooks:
 class EncoderAttention(Hooks):
     """While active (``with``), every forward of ``model`` appends to
     ``self.calls`` one list with one dict per encoder layer (bottom up):
-    {stream name: per-head attention probabilities (H, B, T_q, T_k)}
-    (``stream_probs``). The model runs unchanged (gradients included); the
+    {stream name: per-head attention probabilities (H, B, T_q, T_k)}:
+    ``{SINGLE_STREAM: p}`` for a single-stream layer (``stream_probs``),
+    ``{'model': S, 'controller': A}`` for a two-stream one (as it used them). The model runs unchanged (gradients included); the
     probabilities are read without gradient.
     """
 
@@ -194,14 +236,27 @@ class EncoderAttention(Hooks):
 
     def __enter__(self):
         for site in self.sites:
-            self._handles.append(site.module.register_forward_hook(self._hook(site), with_kwargs=True))
+            if site.scheme == TWO_STREAM:  # read at its attention_tap, as it used them
+                self._handles.append(site.module.attention_tap.register_forward_hook(self._tap_hook(site)))
+            else:
+                self._handles.append(site.module.register_forward_hook(self._hook(site), with_kwargs=True))
         return self
+
+    def _record(self, site, named):
+        if site.layer == 0:
+            self.calls.append([])
+        self.calls[-1].append(named)
 
     def _hook(self, site):
         def hook(module, args, kwargs, output):
-            named = stream_probs(module, call_kwargs(args, kwargs), output[0], f"encoder layer {site.layer}")
-            if site.layer == 0:
-                self.calls.append([])
-            self.calls[-1].append(named)
+            self._record(site, stream_probs(module, call_kwargs(args, kwargs), output[0],
+                                           f"encoder layer {site.layer}"))
+
+        return hook
+
+    def _tap_hook(self, site):
+        def hook(module, args, output):
+            parts = two_stream_attention(args)
+            self._record(site, {"model": parts["model_S"], "controller": parts["controller_A"]})
 
         return hook

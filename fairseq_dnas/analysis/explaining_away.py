@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from fairseq_dnas.analysis.capture import (
+    TWO_STREAM,
     Hooks,
     Site,
     attention_sites,
@@ -31,12 +32,11 @@ from fairseq_dnas.analysis.capture import (
     encoder_stack,
     head_probs,
     is_encoder_only,
+    site_components,
+    two_stream_attention,
 )
 from fairseq_dnas.analysis.column_sums import EPSILON, ColumnStats, column_sums
 
-# An HNAS module is reported as the mixture the model uses and, apart, as its
-# two components.
-COMPONENTS = ("mixture", "dnas", "unas")
 
 
 class SplitError(ValueError):
@@ -63,7 +63,10 @@ class ColumnSumRecorder(Hooks):
         if dec is not None:
             self._handles.append(dec.register_forward_pre_hook(self._pad_hook("tgt", dec.padding_idx), with_kwargs=True))
         for site in self.sites:
-            self._handles.append(site.module.register_forward_hook(self._site_hook(site), with_kwargs=True))
+            if site.scheme == TWO_STREAM:
+                self._handles.append(site.module.attention_tap.register_forward_hook(self._tap_hook(site)))
+            else:
+                self._handles.append(site.module.register_forward_hook(self._site_hook(site), with_kwargs=True))
         return self
 
     def _pad_hook(self, name, padding_idx):
@@ -87,6 +90,15 @@ class ColumnSumRecorder(Hooks):
             if site.scheme == "hnas" and self.components:
                 for comp in ("dnas", "unas"):
                     self._add(site, comp, head_probs(module, call, scheme=comp)[1], query_pad, key_pad)
+
+        return hook
+
+    def _tap_hook(self, site: Site):
+        """A two-stream module: its A and S as it used them (capture.two_stream_attention)."""
+        def hook(module, args, output):
+            query_pad, key_pad = self._masks(site.kind)
+            for component, probs in two_stream_attention(args).items():
+                self._add(site, component, probs, query_pad, key_pad)
 
         return hook
 
@@ -280,7 +292,7 @@ def summary_rows(label: str, path: str, rec: ColumnSumRecorder) -> List[dict]:
     """One row per (attention module, component), in model order."""
     rows = []
     for site in rec.sites:
-        comps = COMPONENTS if site.scheme == "hnas" else (site.scheme,)
+        comps = site_components(site)
         u = site.hybrid_weight
         for comp in comps:
             stats = rec.stats.get((site.kind, site.layer, comp))

@@ -1,0 +1,151 @@
+"""``transformer_discrete`` / ``transformer_two_stream``: the two-stream
+encoder-decoder Transformer (J. Kinley, 2020, Sections 4.1 and 5.3): a
+controller stream decides where each position attends, a model stream
+carries the representations, and the output projection reads the model
+stream. ``transformer_discrete`` samples the model stream's attention S from
+the controller's logits (Gumbel-softmax in training, argmax at inference);
+``transformer_two_stream`` uses S = A = softmax(L) (the soft variant).
+
+    fairseq-train DATA --user-dir fairseq_dnas --arch transformer_discrete_iwslt_de_en ...
+
+Flags: ``--gumbel-temperature``, ``--gumbel-hard``, ``--gumbel-anneal``,
+``--discrete-scheme`` (dnas: encoder self-attention only), ``--discrete-sampler``
+(``fairseq_dnas.models.discrete_args``), and ``--untie-stream-embeddings``
+(the controller gets its own token embeddings; by default the streams share
+them).
+"""
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
+from fairseq.utils import safe_getattr
+
+from fairseq_dnas.errors import BadFlag
+from fairseq_dnas.models.discrete_args import (
+    add_discrete_args,
+    apply_temperature,
+    discrete_defaults,
+    validate_discrete_args,
+)
+from fairseq_dnas.modules.two_stream import TwoStreamAttention, TwoStreamDecoder, TwoStreamEncoder
+
+
+def add_two_stream_args(parser) -> None:
+    """The discrete flags and the two-stream ones (transformer and RoBERTa)."""
+    add_discrete_args(parser)
+    parser.add_argument(
+        "--untie-stream-embeddings", action="store_true",
+        help="give the controller stream its own token embeddings (default: the two streams share them)",
+    )
+
+
+def two_stream_defaults(args, sampler: str) -> None:
+    discrete_defaults(args, sampler=sampler)
+    args.untie_stream_embeddings = safe_getattr(args, "untie_stream_embeddings", False)
+
+
+def validate_two_stream_args(args) -> None:
+    """One-line BadFlag for settings the two-stream models cannot run."""
+    validate_discrete_args(args)
+    if safe_getattr(args, "checkpoint_activations", False):
+        raise BadFlag("--checkpoint-activations is not supported by the two-stream models; drop it")
+    for side in ("encoder", "decoder"):
+        if safe_getattr(args, f"{side}_layerdrop", 0) > 0:
+            raise BadFlag(f"--{side}-layerdrop is not supported by the two-stream models; drop it")
+    # Nothing reads the top layer's controller output (the heads and the output
+    # projection read h), so those weights get no gradient; torch's DDP then
+    # needs to be told.
+    if (safe_getattr(args, "distributed_world_size", 1) > 1
+            and safe_getattr(args, "ddp_backend", "pytorch_ddp") in ("c10d", "pytorch_ddp")
+            and not safe_getattr(args, "find_unused_parameters", False)):
+        raise BadFlag(
+            "the two-stream models leave the top layer's controller output unread (its weights get no "
+            "gradient); with several GPUs add --find-unused-parameters (or --ddp-backend legacy_ddp)"
+        )
+
+
+def stream_attention_modules(model):
+    """Every TwoStreamAttention of ``model``, in module order."""
+    return [m for m in model.modules() if isinstance(m, TwoStreamAttention)]
+
+
+class TwoStreamModelMixin:
+    """set_num_updates: the Gumbel temperature of the next update (and its log)."""
+
+    def set_num_updates(self, num_updates):
+        super().set_num_updates(num_updates)
+        apply_temperature(self, self.args, num_updates, log=self.training)
+
+
+@register_model("transformer_two_stream")
+class TransformerTwoStreamModel(TwoStreamModelMixin, TransformerModel):
+    """fairseq's Transformer with a two-stream encoder and decoder."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        add_two_stream_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        two_stream_defaults(args, "gumbel")
+        validate_two_stream_args(args)
+        model = super().build_model(args, task)
+        apply_temperature(model, args, 0, log=False)
+        return model
+
+    @classmethod
+    def _controller_embedding(cls, args, dictionary, dim):
+        if not args.untie_stream_embeddings:
+            return None
+        return cls.build_embedding(args, dictionary, dim)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return TwoStreamEncoder(
+            TransformerConfig.from_namespace(args), src_dict, embed_tokens,
+            controller_embed_tokens=cls._controller_embedding(args, src_dict, args.encoder_embed_dim),
+        )
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return TwoStreamDecoder(
+            TransformerConfig.from_namespace(args), tgt_dict, embed_tokens,
+            no_encoder_attn=args.no_cross_attention,
+            controller_embed_tokens=cls._controller_embedding(args, tgt_dict, args.decoder_embed_dim),
+        )
+
+
+# --- architectures -----------------------------------------------------------
+
+
+def tiny_architecture(args):
+    """CPU size: 2 + 2 layers, 64 wide, FFN 128, 4 heads (the thesis's
+    classification width, Section 5.3)."""
+    for side in ("encoder", "decoder"):
+        setattr(args, f"{side}_layers", safe_getattr(args, f"{side}_layers", 2))
+        setattr(args, f"{side}_embed_dim", safe_getattr(args, f"{side}_embed_dim", 64))
+        setattr(args, f"{side}_ffn_embed_dim", safe_getattr(args, f"{side}_ffn_embed_dim", 128))
+        setattr(args, f"{side}_attention_heads", safe_getattr(args, f"{side}_attention_heads", 4))
+    base_architecture(args)
+
+
+def register_sized(model, name, sampler, presets) -> None:
+    """Register ``{name}{suffix}`` for each (suffix, sizes) of ``presets``
+    under ``model``: the two-stream defaults with S from ``sampler``, then the sizes."""
+    for suffix, sizes in presets:
+
+        def arch(args, sizes=sizes):
+            two_stream_defaults(args, sampler)
+            sizes(args)
+
+        arch.__name__ = f"{name}{suffix}"
+        arch.__doc__ = f"Two-stream model, S from {sampler!r}, sizes of {sizes.__name__}."
+        register_model_architecture(model, arch.__name__)(arch)
+
+
+# ``{name}``, ``{name}_iwslt_de_en`` (fairseq's transformer_iwslt_de_en: the
+# thesis's IWSLT model, 512 wide, FFN 1,024, 6 + 6 layers, 4 heads) and ``{name}_tiny``.
+PRESETS = (("", base_architecture), ("_iwslt_de_en", transformer_iwslt_de_en), ("_tiny", tiny_architecture))
+register_sized("transformer_two_stream", "transformer_discrete", "gumbel", PRESETS)
+register_sized("transformer_two_stream", "transformer_two_stream", "soft", PRESETS)
