@@ -41,6 +41,25 @@ SIZES = {
 }
 
 
+def parser(doc):
+    """The command line of this benchmark and of bench_two_stream.py."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=SIZES, default="small")
+    p.add_argument("--batch", type=int, default=32, help="sentences per training update")
+    p.add_argument("--gen-batch", type=int, default=16, help="sentences per generation call")
+    p.add_argument("--src-len", type=int, default=32)
+    p.add_argument("--tgt-len", type=int, default=32)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--json", help="write the rows and the machine here")
+    return p
+
+
+def write_json(path, args, rows):
+    with open(path, "w") as f:
+        json.dump({"machine": common.machine(), "settings": vars(args), "rows": rows}, f, indent=1)
+
+
 def timed_section(args, section, build, extra):
     """Time ``build(models, task, d)``'s calls of both models, interleaved."""
     models, task, d = build_models(args, ARCHS, [*SIZES[args.size], *extra], args.vocab)
@@ -58,16 +77,7 @@ def timed_section(args, section, build, extra):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=SIZES, default="small")
-    p.add_argument("--batch", type=int, default=32, help="sentences per training update")
-    p.add_argument("--gen-batch", type=int, default=16, help="sentences per generation call")
-    p.add_argument("--src-len", type=int, default=32)
-    p.add_argument("--tgt-len", type=int, default=32)
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--json", help="write the rows and the machine here")
-    args = p.parse_args(argv)
+    args = parser(__doc__).parse_args(argv)
     torch.manual_seed(0)
 
     log(f"training update, size {args.size}, batch {args.batch} x {args.src_len}/{args.tgt_len} tokens")
@@ -88,8 +98,7 @@ def main(argv=None):
     rows += gen
     log(f"other processes' CPU load during the run: {rows[0]['foreign_cpu']:.0%} / {gen[0]['foreign_cpu']:.0%}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": common.machine(), "settings": vars(args), "rows": rows}, f, indent=1)
+        write_json(args.json, args, rows)
     return 0
 
 

@@ -22,15 +22,13 @@ streams start from fairseq's transformer weights (the model stream a copy
 of the controller), so the three models see the same numbers.
 """
 
-import argparse
-import json
 import sys
 
 import torch
 
 import bench_common as common
 from bench_common import CpuLoad, log, timed_rounds
-from bench_discrete import SIZES  # tiny, small, iwslt (fairseq's transformer_iwslt_de_en)
+from bench_discrete import SIZES, parser, write_json  # SIZES: tiny, small, iwslt (fairseq's transformer_iwslt_de_en)
 from bench_model import build_models, generation_calls, model_args, synthetic_batch, training_steps
 
 ARCHS = {"transformer": "transformer", "two_stream_soft": "transformer_two_stream",
@@ -88,22 +86,13 @@ def generate_section(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=SIZES, default="small")
-    p.add_argument("--batch", type=int, default=32, help="sentences per training update")
-    p.add_argument("--gen-batch", type=int, default=16, help="sentences per generation call")
-    p.add_argument("--src-len", type=int, default=32)
-    p.add_argument("--tgt-len", type=int, default=32)
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--rounds", type=int, default=7)
+    p = parser(__doc__)
     p.add_argument("--no-generate", action="store_true", help="the training update only")
-    p.add_argument("--json", help="write the rows and the machine here")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     rows = update_section(args) + ([] if args.no_generate else generate_section(args))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": common.machine(), "settings": vars(args), "rows": rows}, f, indent=1)
+        write_json(args.json, args, rows)
     return 0
 
 
