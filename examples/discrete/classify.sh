@@ -27,7 +27,7 @@ set -euo pipefail
 
 TRAIN="${TRAIN:-}"; DEV="${DEV:-}"; TEST="${TEST:-}"
 OUT="${OUT:-checkpoints/classify}"
-ARCH="${ARCH:-roberta}"                 # roberta | roberta_dnas | roberta_hnas
+ARCH="${ARCH:-roberta}"                 # roberta | roberta_dnas | roberta_hnas | roberta_discrete_single | roberta_discrete | roberta_two_stream
 SEED="${SEED:-1}"
 VOCAB="${VOCAB:-4000}"                  # SentencePiece pieces (a soft limit on small data)
 MAX_PIECES="${MAX_PIECES:-126}"         # + <s> and </s> = 128 positions
@@ -41,7 +41,7 @@ WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 
 HERE="$(dirname "$0")"
 source "$HERE/../common.sh"
-check_choice ARCH roberta roberta_dnas roberta_hnas
+check_choice ARCH roberta roberta_dnas roberta_hnas roberta_discrete_single roberta_discrete roberta_two_stream
 for f in TRAIN DEV TEST; do
   [ -n "${!f}" ] || die "$f is not set: give a sentence<TAB>label file (TRAIN=, DEV=, TEST=)"
   [ -s "${!f}" ] || die "$f=${!f}: no such file (or empty)"

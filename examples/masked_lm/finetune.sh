@@ -39,7 +39,7 @@ DRY_RUN="${DRY_RUN:-0}"                      # 1: print the command and stop
 source "$(dirname "$0")/../common.sh"
 check_choice TASK "sst2 (accuracy)" "cola (Matthews correlation)" "tsv (any sentence<TAB>label set: accuracy)"
 case "$TASK" in sst2|tsv) METRIC=accuracy; REPORT=() ;; cola) METRIC=mcc; REPORT=(--report-mcc) ;; esac
-check_choice ARCH roberta roberta_dnas roberta_hnas
+check_choice ARCH roberta roberta_dnas roberta_hnas roberta_discrete_single roberta_discrete roberta_two_stream
 check_choice SIZE small base large bert
 check_number MAX_UPDATE 1
 check_number BATCH_SENTENCES 1
