@@ -285,3 +285,37 @@ def test_multiview_arch_on_the_single_view_task_ends_in_one_line(tmp_path):
                         "--criterion", "sentence_prediction", "--num-classes", "5", "--max-positions", "64", *COMMON, "--batch-size", "4", "--max-epoch", "1",
                         "--save-dir", tmp_path / "save")
     _one_error_line(proc, "use --task sentence_prediction_multiview")
+
+
+# --- pretrained with masked_lm, then fine-tuned ---------------------------------
+
+
+@pytest.mark.parametrize("arch", ["roberta_discrete_single_thesis", "roberta_discrete_thesis"])
+def test_classifier_fine_tunes_from_its_masked_lm_checkpoint(arch, classification, tmp_path):
+    """Pretrain the encoder with --task masked_lm, fine-tune it with
+    --restore-file: every encoder weight starts from the pretrained one (after
+    two updates at lr 1e-5 it is within 1e-4 of it, where the 4 pretraining
+    updates at 2e-3 moved weights by about 1e-2 from the initialization)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_dnas.plugin  # noqa: F401  (checkpoints load under torch >= 2.6)
+
+    root, data = classification
+    pre, fine = tmp_path / "mlm", tmp_path / "cls"
+    run(["fairseq-train", data / "input0", "--task", "masked_lm", "--criterion", "masked_lm", "--arch", arch,
+         *SMALL_ENCODER, "--tokens-per-sample", "32", "--sample-break-mode", "eos", *COMMON,
+         "--batch-size", "16", "--max-update", "4", "--save-dir", pre])
+    proc = run(["fairseq-train", data, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+                "--num-classes", "2", "--init-token", "0", "--max-positions", "32", "--arch", arch,
+                *SMALL_ENCODER, *COMMON[:-1], "--lr", "1e-5", "--batch-size", "16", "--max-update", "2",
+                "--restore-file", pre / "checkpoint_last.pt", "--reset-optimizer", "--reset-dataloader",
+                "--reset-meters", "--save-dir", fine])
+    assert "Loaded checkpoint" in proc.stdout + proc.stderr
+    pretrained = checkpoint_utils.load_checkpoint_to_cpu(str(pre / "checkpoint_last.pt"))["model"]
+    tuned = checkpoint_utils.load_checkpoint_to_cpu(str(fine / "checkpoint_last.pt"))["model"]
+    layers = [n for n in pretrained if n.startswith("encoder.sentence_encoder.layers.")]
+    assert layers and all(n in tuned for n in layers)
+    if arch == "roberta_discrete_thesis":
+        assert any(".model_" in n for n in layers)  # the model stream's weights are carried too
+    assert max(float((tuned[n].float() - pretrained[n].float()).abs().max()) for n in layers) < 1e-4
+    assert "classification_heads.sentence_classification_head.out_proj.weight" in tuned
