@@ -36,6 +36,7 @@ MAX_UPDATE="${MAX_UPDATE:-2000}"
 BATCH_SENTENCES="${BATCH_SENTENCES:-32}"
 LR="${LR:-5e-4}"
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
+PREPARE_ONLY="${PREPARE_ONLY:-0}"       # 1: steps 1-2 only (data for several runs of one OUT)
 export DEVICE="${DEVICE:-cpu}"
 WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 
@@ -73,6 +74,7 @@ if [ ! -s "$DATA/label/test.idx" ]; then
   done
   rm -rf "$DATA" && mv "$DATA.tmp" "$DATA"
 fi
+[ "$PREPARE_ONLY" = 1 ] && { say "data ready: $DATA"; exit 0; }
 NUM_CLASSES="$(sort -u "$TEXT/train.label" | wc -l)"
 
 RUN="$OUT/$ARCH-seed$SEED"
