@@ -228,7 +228,7 @@ def plain(tmp_path_factory):
 # matter there); train.sh's test and the kill tests cover inside epoch 2.
 PLAIN_CASES = [
     ("transformer_hnas", 26, "0.2"),
-    ("transformer_discrete_single", 17, "0.2"),
+    pytest.param("transformer_discrete_single", 17, "0.2", marks=pytest.mark.full),
     pytest.param("transformer_hnas", 17, "0.2", marks=pytest.mark.full),
     pytest.param("transformer", 17, "0.2", marks=pytest.mark.full),
     pytest.param("transformer", 17, "0", marks=pytest.mark.full),

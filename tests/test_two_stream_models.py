@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import BIN, ROOT, TINY, USER_DIR, WORDS, run, write_parallel_data
 
-TRANSLATION_ARCHS = ["transformer_discrete_tiny", "transformer_two_stream_tiny"]
+TRANSLATION_ARCHS = ["transformer_discrete_tiny", pytest.param("transformer_two_stream_tiny", marks=pytest.mark.full)]
 # One of each kind in the default tier, the other variant in the full tier (docs/testing.md).
 CLASSIFIER_ARCHS = ["roberta_discrete_thesis", pytest.param("roberta_two_stream_thesis", marks=pytest.mark.full)]
 MULTIVIEW_ARCHS = ["roberta_two_stream_multiview_thesis",
@@ -39,6 +39,7 @@ def _lines(path, lines):
 
 @pytest.fixture(scope="module")
 def translation(tmp_path_factory):
+    """(data, checkpoint_of): checkpoint_of(arch) trains that arch on first use."""
     root = tmp_path_factory.mktemp("two_stream_mt")
     write_parallel_data(root / "raw")
     data = root / "bin"
@@ -46,28 +47,33 @@ def translation(tmp_path_factory):
          "--validpref", root / "raw/valid", "--testpref", root / "raw/test", "--destdir", data,
          "--joined-dictionary", "--workers", "1"])
     checkpoints = {}
-    for arch in TRANSLATION_ARCHS:
-        save = root / arch
-        proc = run(["fairseq-train", data, "--arch", arch, *TINY, *COMMON, "--max-tokens", "1000",
-                    "--max-epoch", "3", "--save-dir", save])
-        assert "done training" in proc.stdout + proc.stderr
-        checkpoints[arch] = save / "checkpoint_last.pt"
-    return data, checkpoints
+
+    def checkpoint_of(arch):
+        if arch not in checkpoints:
+            save = root / arch
+            proc = run(["fairseq-train", data, "--arch", arch, *TINY, *COMMON, "--max-tokens", "1000",
+                        "--max-epoch", "3", "--save-dir", save])
+            assert "done training" in proc.stdout + proc.stderr
+            checkpoints[arch] = save / "checkpoint_last.pt"
+        return checkpoints[arch]
+
+    return data, checkpoint_of
 
 
 @pytest.mark.parametrize("arch", TRANSLATION_ARCHS)
 def test_translation_trains_and_decodes_with_beam_search(arch, translation):
-    data, checkpoints = translation
-    proc = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--cpu", "--path", checkpoints[arch],
+    data, checkpoint_of = translation
+    checkpoint = checkpoint_of(arch)
+    proc = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--cpu", "--path", checkpoint,
                 "--beam", "4", "--batch-size", "8", "--required-batch-size-multiple", "1"])
     hypotheses = re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)
     assert sorted(int(i) for i, _ in hypotheses) == list(range(25))
     assert "BLEU4" in proc.stdout + proc.stderr
-    proc = run(["fairseq-interactive", data, "--user-dir", USER_DIR, "--cpu", "--path", checkpoints[arch],
+    proc = run(["fairseq-interactive", data, "--user-dir", USER_DIR, "--cpu", "--path", checkpoint,
                 "--beam", "4", "--source-lang", "src", "--target-lang", "tgt"], input="w1 w2 w3 w4\nw5 w6\n")
     assert len(re.findall(r"^H-\d+\t", proc.stdout, re.M)) == 2
     # The checkpoint is the two-stream model with its sampler.
-    state = torch.load(checkpoints[arch], map_location="cpu", weights_only=False)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert state["cfg"]["model"].discrete_sampler == ("gumbel" if "discrete" in arch else "soft")
     assert "encoder.layers.0.self_attn.model_v_proj.weight" in state["model"]
 
@@ -78,8 +84,8 @@ def test_hub_interface_translates_with_one_hot_attention(translation):
     import fairseq_dnas.plugin  # noqa: F401  (fairseq_dnas is imported already, so --user-dir alone would not)
     from fairseq_dnas.analysis.capture import capture_two_stream
 
-    data, checkpoints = translation
-    path = checkpoints["transformer_discrete_tiny"]
+    data, checkpoint_of = translation
+    path = checkpoint_of("transformer_discrete_tiny")
     hub = TransformerModel.from_pretrained(str(path.parent), checkpoint_file=path.name, data_name_or_path=str(data),
                                            user_dir=USER_DIR, source_lang="src", target_lang="tgt")
     assert type(hub.models[0]).__name__ == "TransformerTwoStreamModel"
@@ -290,7 +296,8 @@ def test_multiview_arch_on_the_single_view_task_ends_in_one_line(tmp_path):
 # --- pretrained with masked_lm, then fine-tuned ---------------------------------
 
 
-@pytest.mark.parametrize("arch", ["roberta_discrete_single_thesis", "roberta_discrete_thesis"])
+@pytest.mark.parametrize("arch", [pytest.param("roberta_discrete_single_thesis", marks=pytest.mark.full),
+                                  "roberta_discrete_thesis"])
 def test_classifier_fine_tunes_from_its_masked_lm_checkpoint(arch, classification, tmp_path):
     """Pretrain the encoder with --task masked_lm, fine-tune it with
     --restore-file: every encoder weight starts from the pretrained one (after
