@@ -2,7 +2,7 @@
 """Is attention an explanation? Kendall's tau between the attention each
 token receives and its gradient importance, per test sentence, for a
 fine-tuned sentence classifier (--task sentence_prediction: roberta,
-roberta_dnas, roberta_hnas). The thesis's metric (J. Kinley, 2020,
+roberta_dnas, roberta_hnas, and the discrete and two-stream encoders). The thesis's metric (J. Kinley, 2020,
 Chapter 6; Jain & Wallace, 2019); the definitions are in
 fairseq_dnas/analysis/faithfulness.py and docs/analysis.md.
 
