@@ -109,6 +109,17 @@ def temperature_at(args, num_updates: int) -> float:
     return float(args.gumbel_temperature)
 
 
+def build_discrete_model(build, args, task, defaults, validate):
+    """The translation models' ``build_model``: ``defaults(args)`` (args that
+    come without an --arch: hub, old configs), ``validate(args)`` (BadFlag),
+    ``build(args, task)`` (fairseq's), then tau at update 0."""
+    defaults(args)
+    validate(args)
+    model = build(args, task)
+    apply_temperature(model, args, 0, log=False)
+    return model
+
+
 def apply_temperature(model, args, num_updates: int, log: bool) -> float:
     """Set tau on every module of ``model`` with a ``gumbel_temperature``
     attribute; with ``log``, log it as the metric ``gumbel_tau`` (the latest

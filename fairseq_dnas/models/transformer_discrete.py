@@ -27,6 +27,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq_dnas.models.discrete_args import (
     add_discrete_args,
     apply_temperature,
+    build_discrete_model,
     discrete_defaults,
     validate_discrete_args,
 )
@@ -48,11 +49,8 @@ class TransformerDiscreteSingleModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        discrete_single_architecture(args)  # defaults for args that come without an --arch (hub, old configs)
-        validate_discrete_args(args)
-        model = super().build_model(args, task)
-        apply_temperature(model, args, 0, log=False)
-        return model
+        return build_discrete_model(super().build_model, args, task, discrete_single_architecture,
+                                    validate_discrete_args)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -24,6 +24,7 @@ from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.models.discrete_args import (
     add_discrete_args,
     apply_temperature,
+    build_discrete_model,
     discrete_defaults,
     validate_discrete_args,
 )
@@ -88,11 +89,8 @@ class TransformerTwoStreamModel(TwoStreamModelMixin, TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        two_stream_defaults(args, "gumbel")
-        validate_two_stream_args(args)
-        model = super().build_model(args, task)
-        apply_temperature(model, args, 0, log=False)
-        return model
+        return build_discrete_model(super().build_model, args, task,
+                                    lambda a: two_stream_defaults(a, "gumbel"), validate_two_stream_args)
 
     @classmethod
     def _controller_embedding(cls, args, dictionary, dim):
