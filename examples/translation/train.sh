@@ -11,7 +11,9 @@
 # Multi30k's 29k short caption pairs are little data for fairseq's base model
 # (6 + 6 layers, width 512); small-data recipes commonly use 3-6 layers of
 # width 256-512 (not compared here), and 3 x 256 keeps a CPU run affordable.
-# SIZE=tiny (2 + 2, width 128) is for smoke tests and the CPU table.
+# SIZE=tiny (2 + 2, width 128) is for smoke tests and the CPU table; SIZE=mini
+# (2 + 2, width 64, FFN 256: the thesis's classification width) for the
+# CPU-scale tables of the discrete models (examples/discrete/table62.sh).
 # Hardware and time, measured with one thread per run and two runs sharing
 # 2 CPU cores: about 1.2 s (SIZE=small) and 0.8 s
 # (SIZE=tiny) per update of 2,048 tokens, UNAS and HNAS alike; slower when
@@ -21,11 +23,11 @@
 set -euo pipefail
 
 DATA="${DATA:-data/multi30k/bin}"           # prepare.sh's OUT_DIR/bin
-ARCH="${ARCH:-transformer_hnas}"            # transformer (UNAS baseline) | transformer_dnas | transformer_hnas
+ARCH="${ARCH:-transformer_hnas}"            # transformer (UNAS baseline) | transformer_dnas | transformer_hnas | transformer_discrete_single | transformer_discrete | transformer_two_stream
 SRC="${SRC:-de}"
 TGT="${TGT:-en}"
 SEED="${SEED:-1}"
-SIZE="${SIZE:-small}"                       # small (3+3 layers, 256) | tiny (2+2, 128)
+SIZE="${SIZE:-small}"                       # small (3+3 layers, 256) | tiny (2+2, 128) | mini (2+2, 64)
 DROPOUT="${DROPOUT:-0.3}"                   # 0.3 for long runs on 29k pairs; short CPU runs learn faster with 0.1
 MAX_UPDATE="${MAX_UPDATE:-20000}"
 LR="${LR:-1e-3}"
@@ -45,11 +47,14 @@ source "$(dirname "$0")/../common.sh"
 check_python
 [ -f "$DATA/dict.$SRC.txt" ] || die "no binarized data in DATA=$DATA (run prepare.sh, then point DATA at OUT_DIR/bin)"
 
-check_choice ARCH "transformer (UNAS baseline)" transformer_dnas transformer_hnas
+check_choice ARCH "transformer (UNAS baseline)" transformer_dnas transformer_hnas \
+  "transformer_discrete_single (discrete, J. Kinley 2020)" "transformer_discrete (discrete two-stream)" \
+  "transformer_two_stream (soft two-stream)"
 case "$SIZE" in
   small) LAYERS=3; DIM=256; FFN=1024; HEADS=4 ;;
   tiny)  LAYERS=2; DIM=128; FFN=512;  HEADS=4 ;;
-  *) die "SIZE=$SIZE: choose small or tiny" ;;
+  mini)  LAYERS=2; DIM=64;  FFN=256;  HEADS=4 ;;
+  *) die "SIZE=$SIZE: choose small, tiny or mini" ;;
 esac
 
 check_run_settings  # SEED, DEVICE -> cpu|gpu, NPROC -> a count, WORLD

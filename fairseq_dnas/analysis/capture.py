@@ -227,11 +227,18 @@ class EncoderAttention(Hooks):
     ``{SINGLE_STREAM: p}`` for a single-stream layer (``stream_probs``),
     ``{'model': S, 'controller': A}`` for a two-stream one (as it used them). The model runs unchanged (gradients included); the
     probabilities are read without gradient.
+
+    ``kind='decoder_cross'`` reads the decoder's cross-attention layers the
+    same way instead (queries: target positions, keys: source positions);
+    the model must then run full (teacher-forced) forwards.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, kind: str = "encoder_self"):
         super().__init__()
-        self.sites = attention_sites(model, decoder=False)
+        if kind not in ("encoder_self", "decoder_cross"):
+            raise ValueError(f"kind {kind!r}: choose 'encoder_self' or 'decoder_cross'")
+        self.sites = [s for s in attention_sites(model, decoder=kind != "encoder_self") if s.kind == kind]
+        self.kind = kind
         self.calls: List[List[dict]] = []
 
     def __enter__(self):
@@ -250,7 +257,7 @@ class EncoderAttention(Hooks):
     def _hook(self, site):
         def hook(module, args, kwargs, output):
             self._record(site, stream_probs(module, call_kwargs(args, kwargs), output[0],
-                                           f"encoder layer {site.layer}"))
+                                           f"{site.kind} layer {site.layer}"))
 
         return hook
 

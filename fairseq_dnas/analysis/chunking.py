@@ -97,6 +97,22 @@ def majority_per_pos(train: List[Sentence], test: List[Sentence]) -> List[List[s
     return [[best.get(pos, fallback) for _, pos, _ in sentence] for sentence in test]
 
 
+def first_pieces(words: Sequence[str], encode_word) -> Tuple[List[str], List[int]]:
+    """The word pieces of a tokenized sentence and the index of each word's
+    first piece (the thesis's probe reads "the vectors from the first token"
+    of a word broken into several). ``encode_word(word)`` gives one word's
+    pieces; encoding word by word keeps the boundaries exact (SentencePiece
+    splits at whitespace, so the pieces equal those of the whole line)."""
+    pieces, first = [], []
+    for word in words:
+        parts = encode_word(word)
+        if not parts:
+            raise ValueError(f"the word {word!r} encodes to no piece")
+        first.append(len(pieces))
+        pieces.extend(parts)
+    return pieces, first
+
+
 def train_probe(features: torch.Tensor, labels: torch.Tensor, classes: int, *, l2: float = 1e-4,
                 max_iter: int = 200) -> torch.nn.Linear:
     """Multinomial logistic regression on frozen ``features`` (N, D): a linear

@@ -61,15 +61,20 @@ def special_positions(tokens: Tensor, padding: Tensor, init_token: Optional[int]
     return special
 
 
-def attention_received(probs: Sequence[Tensor], padding: Tensor, special: Tensor) -> Tensor:
+def attention_received(probs: Sequence[Tensor], padding: Tensor, special: Tensor,
+                       query_padding: Optional[Tensor] = None) -> Tensor:
     """a_j = sum_l sum_h sum_{i real query} p^{l,h}_{ij}, (B, T); 0 at the
     positions that are not real tokens.
 
-    probs: one (H, B, T, T) tensor per layer (queries i, keys j); padding,
-    special: (B, T) bool. Every non-padding position is a query (the special
-    tokens included); the special positions are dropped as keys.
+    probs: one (H, B, T_q, T) tensor per layer (queries i, keys j); padding,
+    special: (B, T) bool, of the keys. Every non-padding position is a query
+    (the special tokens included); the special positions are dropped as keys.
+    ``query_padding`` (B, T_q): the queries' padding when they are another
+    sequence than the keys (cross-attention: target queries, source keys).
     """
-    query = (~padding).to(probs[0].dtype)[None, :, :, None]  # (1, B, T_q, 1)
+    if query_padding is None:
+        query_padding = padding
+    query = (~query_padding).to(probs[0].dtype)[None, :, :, None]  # (1, B, T_q, 1)
     a = sum((p * query).sum(dim=(0, 2)) for p in probs)  # sum over heads and queries
     return a * real_positions(padding, special).to(a.dtype)
 
@@ -111,12 +116,17 @@ def pick_stream(named: Dict[str, Tensor], attention: str) -> Tensor:
 class _KeepEmbedding:
     """Forward hook on ``embed_tokens``: its output, made a leaf of its own
     so that the gradient with respect to it is taken alone (the embedding
-    table's gradient is not needed)."""
+    table's gradient is not needed). With ``only`` (a token tensor), only the
+    call on that very tensor is kept: a translation model that shares its
+    embedding table also embeds the target with it, and those calls pass."""
 
-    def __init__(self):
+    def __init__(self, only: Optional[Tensor] = None):
         self.value = None
+        self.only = only
 
     def __call__(self, module, args, output):
+        if self.only is not None and args[0] is not self.only:
+            return None
         self.value = output.detach().requires_grad_(True)
         return self.value
 
@@ -159,15 +169,79 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
     }
 
 
-def summarize(taus: List[Optional[float]], gold: Sequence[int], pred: Sequence[int]) -> dict:
-    """Mean and standard deviation (numpy's, ddof=0) of the defined taus,
-    accuracy, and how many examples were left out (tau undefined)."""
+def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor,
+                              target: Tensor, attention: str = "model") -> dict:
+    """The translation form of the metric for a batch of (source, hypothesis)
+    pairs of an encoder-decoder model in eval mode, one teacher-forced
+    forward and one backward:
+
+    - y_hat = log p(y | x) = sum_t log p(y_t | y_<t, x), the log-probability
+      of the hypothesis y (``target``, ``</s>`` included; the generator's own
+      output, so the model explains its decision), teacher-forced;
+    - importance g_j of source position j from d y_hat / d e_j, e_j the source
+      token embedding (the output of the encoder's ``embed_tokens``);
+    - two attentions a_j over the source: 'encoder', the encoder
+      self-attention received (sum over encoder layers, heads and real source
+      queries, ``</s>`` included as a query), and 'cross', the decoder
+      cross-attention received (sum over decoder layers, heads and the target
+      positions of y). Two-stream layers are read by ``attention`` as in
+      ``explain_batch``.
+
+    The real source positions are the non-padding tokens other than ``</s>``
+    (fairseq's translation task puts no ``<s>`` on the source; padding may be
+    on the left). Returns {'logprob': (B,), 'real': (B, T_s),
+    'attention': {'encoder': (B, T_s), 'cross': (B, T_s)},
+    'importance': {form: (B, T_s)}}.
+    """
+    if model.training:
+        raise ValueError("the model is in training mode; call model.eval() (no dropout)")
+    enc = model.encoder
+    padding = src_tokens.eq(enc.padding_idx)
+    special = src_tokens.eq(enc.dictionary.eos())
+    target_padding = target.eq(model.decoder.padding_idx)
+    keep = _KeepEmbedding(only=src_tokens)
+    handle = enc.embed_tokens.register_forward_hook(keep)
+    try:
+        with EncoderAttention(model) as self_rec, EncoderAttention(model, "decoder_cross") as cross_rec, \
+                torch.enable_grad():
+            net_output = model(src_tokens, src_lengths, prev_output_tokens)
+            lprobs = model.get_normalized_probs(net_output, log_probs=True)
+            token_lp = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            y_hat = token_lp.masked_fill(target_padding, 0.0).sum(1)
+            # One backward for the batch: pairs do not interact (padding is
+            # masked in every attention), so d(sum_b y_hat_b)/d e_b = d y_hat_b/d e_b.
+            (grad,) = torch.autograd.grad(y_hat.sum(), keep.value)
+    finally:
+        handle.remove()
+    (enc_layers,), (cross_layers,) = self_rec.calls, cross_rec.calls  # one forward each
+    real = real_positions(padding, special)
+    e = keep.value.detach()
+    return {
+        "logprob": y_hat.detach(), "real": real,
+        "attention": {
+            "encoder": attention_received([pick_stream(n, attention) for n in enc_layers], padding, special),
+            "cross": attention_received([pick_stream(n, attention) for n in cross_layers], padding, special,
+                                        query_padding=target_padding),
+        },
+        "importance": {form: importance(grad, e, form) * real.to(e.dtype) for form in IMPORTANCE_FORMS},
+    }
+
+
+def tau_summary(taus: List[Optional[float]]) -> dict:
+    """Mean and standard deviation (numpy's, ddof=0) of the defined taus, and
+    how many examples were left out (tau undefined)."""
     kept = np.array([t for t in taus if t is not None], dtype=np.float64)
-    gold, pred = np.asarray(gold), np.asarray(pred)
     return {
         "n": len(taus),
-        "accuracy": float((gold == pred).mean()) if len(gold) else float("nan"),
         "tau_mean": float(kept.mean()) if len(kept) else float("nan"),
         "tau_std": float(kept.std()) if len(kept) else float("nan"),
         "left_out": len(taus) - len(kept),
     }
+
+
+def summarize(taus: List[Optional[float]], gold: Sequence[int], pred: Sequence[int]) -> dict:
+    """``tau_summary`` and the accuracy."""
+    gold, pred = np.asarray(gold), np.asarray(pred)
+    out = tau_summary(taus)
+    out["accuracy"] = float((gold == pred).mean()) if len(gold) else float("nan")
+    return {k: out[k] for k in ("n", "accuracy", "tau_mean", "tau_std", "left_out")}
