@@ -154,3 +154,9 @@ def glue_dir():
 def conll2000_dir():
     """The CoNLL-2000 chunking files (``CONLL2000_DIR``)."""
     return _shared_data("CONLL2000_DIR", "../shared/data/conll2000")
+
+
+@pytest.fixture(scope="session")
+def sst_binary_dir():
+    """SST in Jain & Wallace's binary split (``SST_BINARY_DIR``)."""
+    return _shared_data("SST_BINARY_DIR", "../shared/data/sst-binary")

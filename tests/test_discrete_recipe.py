@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ROOT, run
 
 TABLE = os.path.join(ROOT, "examples", "discrete", "faithfulness_table.py")
@@ -49,3 +51,72 @@ def test_driver_refuses_a_missing_data_folder_in_one_line(tmp_path):
     (line,) = proc.stderr.strip().splitlines()
     assert "SST_BINARY_DIR=" in line and "is not a folder" in line
     assert not list((tmp_path / "out").glob("sst/*-seed*"))
+
+
+# --- Tables 6.2 and 6.4 (table62.sh, translation_table.py) and the quickstart ---
+
+TRANSLATION_TABLE = os.path.join(ROOT, "examples", "discrete", "translation_table.py")
+TABLE62 = os.path.join(ROOT, "examples", "discrete", "table62.sh")
+QUICKSTART = os.path.join(ROOT, "examples", "discrete", "quickstart.sh")
+
+
+def _translation_run(folder, arch, seed, bleu, chrf, taus, stds):
+    run_dir = folder / "runs" / f"{arch}-seed{seed}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "test.bleu.json").write_text(json.dumps({"bleu": {"score": bleu}, "chrf": {"score": chrf}}))
+    summary = {"label": f"{arch}-seed{seed}"}
+    for kind, tau, std in zip(("encoder", "cross"), taus, stds):
+        summary[kind] = {"n": 10, "tau_mean": tau, "tau_std": std, "left_out": 0}
+    (run_dir / "faithfulness.json").write_text(json.dumps(summary) + "\n")
+
+
+def test_translation_table_is_mean_and_standard_error_over_seeds(tmp_path):
+    _translation_run(tmp_path, "transformer_discrete", 1, 10.0, 30.0, (0.3, 0.1), (0.2, 0.1))
+    _translation_run(tmp_path, "transformer_discrete", 2, 12.0, 34.0, (0.5, 0.2), (0.4, 0.3))
+    _translation_run(tmp_path, "transformer", 1, 20.0, 50.0, (0.05, 0.01), (0.1, 0.1))
+    (tmp_path / "runs" / "transformer-seed2").mkdir()  # unfinished: not counted
+    (tmp_path / "streams").mkdir()
+    probe = [{"model": "baseline", "stream": "-", "accuracy": 70.0, "precision": 72.58, "recall": 82.14, "f1": 77.07},
+             {"model": "transformer_discrete-seed1", "stream": "controller", "accuracy": 80.0, "precision": 70.0,
+              "recall": 60.0, "f1": 64.0},
+             {"model": "transformer_discrete-seed2", "stream": "controller", "accuracy": 82.0, "precision": 72.0,
+              "recall": 62.0, "f1": 66.0}]
+    (tmp_path / "streams" / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in probe))
+    out = tmp_path / "table.md"
+    proc = run([sys.executable, TRANSLATION_TABLE, tmp_path, "--out", out])
+    assert proc.stdout == out.read_text()
+    rows = out.read_text().splitlines()
+    # transformer first; s.e. of (10, 12) = sqrt(2 / 2) = 1, of (0.3, 0.5) = 0.1
+    assert rows[2] == "| transformer | 1 | 20.00 +- nan | 50.0 +- nan | 0.050 +- nan | 0.100 | 0.010 +- nan | 0.100 |"
+    assert rows[3] == "| transformer_discrete | 2 | 11.00 +- 1.00 | 32.0 +- 2.0 | 0.400 +- 0.100 | 0.300 | 0.150 +- 0.050 | 0.200 |"
+    assert rows[7] == "| baseline | - | 1 | 70.00 +- nan | 72.58 +- nan | 82.14 +- nan | 77.07 +- nan |"
+    assert rows[8] == "| transformer_discrete | controller | 2 | 81.00 +- 1.00 | 71.00 +- 1.00 | 61.00 +- 1.00 | 65.00 +- 1.00 |"
+
+
+def test_table62_refuses_a_missing_data_folder_in_one_line(tmp_path):
+    env = {**os.environ, "MULTI30K_DIR": str(tmp_path / "none"), "CONLL2000_DIR": str(tmp_path), "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(["bash", TABLE62], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    (line,) = proc.stderr.strip().splitlines()
+    assert "MULTI30K_DIR=" in line and "raw/" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.full
+def test_quickstart_on_the_real_data(sst_binary_dir, multi30k_dir, conll2000_dir, tmp_path):
+    """examples/discrete/quickstart.sh chained on real data: the SST row, the
+    translation table with both streams of the two-stream model, the picture."""
+    env = {**os.environ, "SST_BINARY_DIR": sst_binary_dir, "MULTI30K_DIR": multi30k_dir,
+           "CONLL2000_DIR": conll2000_dir, "WORK_DIR": str(tmp_path / "qs")}
+    proc = subprocess.run(["bash", QUICKSTART], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| roberta_discrete |" in proc.stdout
+    table = (tmp_path / "qs" / "translation" / "table.md").read_text()
+    for row in ("| transformer | 1 |", "| transformer_discrete | 1 |", "| baseline | - |",
+                "| transformer | encoder | 1 |", "| transformer_discrete | model | 1 |",
+                "| transformer_discrete | controller | 1 |"):
+        assert row in table and row in proc.stdout
+    assert (tmp_path / "qs" / "translation" / "streams" / "tsne.png").stat().st_size > 0
+    rows = [json.loads(line) for line in open(tmp_path / "qs" / "translation" / "runs" / "transformer_discrete-seed1"
+                                              / "faithfulness.jsonl")]
+    assert len(rows) == 100 and all(r["hypothesis"][-1] == 2 for r in rows)

@@ -92,6 +92,7 @@ def _script(models, out, *extra, check=True):
                 "--out", out, *map(str, extra)], check=check)
 
 
+@pytest.mark.full  # trains two tiny models; the quickstart (full tier) runs the script on real data too
 def test_probe_table_pictures_and_neighbours(models, tmp_path):
     ck = models["ckpt"]
     _script(models, tmp_path, f"plain={ck['transformer_tiny']}", f"discrete={ck['transformer_discrete_tiny']}",
@@ -112,6 +113,7 @@ def test_probe_table_pictures_and_neighbours(models, tmp_path):
     assert "| discrete controller | w1 |" in md and "| plain | w2 |" in md
 
 
+@pytest.mark.full
 def test_bad_input_gives_one_line_and_exit_1(models, tmp_path):
     ck = models["ckpt"]["transformer_tiny"]
     cases = [

@@ -175,7 +175,7 @@ def trained(tmp_path_factory):
     ckpt = {}
     for arch in ("transformer_tiny", "transformer_discrete_tiny"):
         run(["fairseq-train", root / "bin", "--arch", arch, "--user-dir", USER_DIR, "--cpu", "--optimizer", "adam",
-             "--lr", "2e-3", "--max-tokens", "1000", "--max-epoch", "2", "--no-progress-bar", "--seed", "1",
+             "--lr", "2e-3", "--max-tokens", "1000", "--max-epoch", "1", "--no-progress-bar", "--seed", "1",
              "--no-epoch-checkpoints", "--save-dir", root / arch])
         ckpt[arch] = root / arch / "checkpoint_last.pt"
     return {"data": root / "bin", "ckpt": ckpt, "root": root}

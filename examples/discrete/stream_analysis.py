@@ -26,6 +26,7 @@ and </s>. Bad input stops with one line and exit status 1.
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -190,6 +191,9 @@ def run(args):
     except ValueError as err:
         raise BadInput(str(err)) from None
     tags = sorted({t for s in train + test for _, _, t in s})
+    if args.max_train_words:  # the sentences that hold the first N training words
+        total = list(itertools.accumulate(len(s) for s in train))
+        train = train[:next((i + 1 for i, n in enumerate(total) if n >= args.max_train_words), len(train))]
     sp = spm.SentencePieceProcessor(model_file=args.spm)
     encode_word = lambda w: sp.encode(w, out_type=str)  # noqa: E731
     rows = [{"model": "baseline", "stream": "-", **chunk_scores([[t for _, _, t in s] for s in test],
