@@ -28,6 +28,12 @@ layer's attention by stream name. A single-stream encoder has one attention
 whose layers report several streams is read by name: ``'model'`` (the
 model stream's S, the attention that combines the values the prediction
 reads) or ``'controller'`` (the controller's A).
+
+Discrete encoders (argmax attention at inference, ``receptive_field``): the
+batch also gives the receptive field of the position the classification
+head reads (``<s>``, position 0) after every layer, from the model stream's
+S whatever ``attention`` says; the gradient importance is exactly 0 outside
+it (tests/test_receptive_field.py).
 """
 
 from typing import Dict, List, Optional, Sequence
@@ -36,9 +42,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_dnas.analysis import receptive_field as RF
 from fairseq_dnas.analysis.capture import EncoderAttention, encoder_stack
 
 IMPORTANCE_FORMS = ("grad", "grad-x-input")
+HEAD_POSITION = 0  # fairseq's classification head reads the first token (<s>)
 ATTENTION_STREAMS = ("model", "controller")
 
 
@@ -128,7 +136,9 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
 
     {'probs': (B, C) class probabilities, 'prediction': (B,),
      'real': (B, T) bool, 'attention': (B, T) a_j,
-     'importance': {form: (B, T) g_j for each of IMPORTANCE_FORMS}}
+     'importance': {form: (B, T) g_j for each of IMPORTANCE_FORMS},
+     'receptive_field': (L, B, T) bool, the field of position 0 after every
+     layer, for a discrete encoder (else None)}
     (a_j and g_j are 0 outside the real positions).
     """
     if model.training:
@@ -153,9 +163,14 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
     a = attention_received([pick_stream(named, attention) for named in layers], padding, special)
     real = real_positions(padding, special)
     e = keep.value.detach()
+    field = None
+    if RF.is_discrete_encoder(model):  # the values reach h through the model stream's S
+        samples = [pick_stream(named, "model") for named in layers]
+        field = RF.field_of(RF.receptive_fields(samples, padding), HEAD_POSITION)
     return {
         "probs": probs.detach(), "prediction": prediction, "real": real, "attention": a,
         "importance": {form: importance(grad, e, form) * real.to(e.dtype) for form in IMPORTANCE_FORMS},
+        "receptive_field": field,
     }
 
 

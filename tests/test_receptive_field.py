@@ -1,0 +1,134 @@
+"""Receptive fields of discrete attention (J. Kinley, 2020, Appendix):
+the boolean recursion and its soft form on hand-built graphs
+(fairseq_dnas/analysis/receptive_field.py); the acceptance test of issue 27
+(a discrete classifier at inference has gradient importance exactly 0
+outside the receptive field of the position its head reads, and its
+prediction does not move, bit for bit, when an embedding outside is
+perturbed); the field in scripts/faithfulness.py; the training penalty
+--receptive-field-penalty."""
+
+import pytest
+import torch
+
+from fairseq_dnas.analysis import receptive_field as RF
+
+
+def one_hot_layer(choices, length):
+    """(H, 1, T, T) one-hot attention from choices[h][i] = the key query i picks in head h."""
+    s = torch.zeros(len(choices), 1, length, length)
+    for h, row in enumerate(choices):
+        for i, k in enumerate(row):
+            s[h, 0, i, k] = 1.0
+    return s
+
+
+def as_sets(field):
+    """(B, T, T) bool -> per example, per query, the set of keys."""
+    return [[set(torch.nonzero(row).flatten().tolist()) for row in example] for example in field]
+
+
+# --- pure functions ---------------------------------------------------------------
+
+
+def test_boolean_fields_on_a_hand_built_graph():
+    # Layer 1, two heads: head 0 sends 0->1, 1->1, 2->3, 3->3, 4->4; head 1 0->0, 1->2, 2->2, 3->4, 4->4.
+    l1 = one_hot_layer([[1, 1, 3, 3, 4], [0, 2, 2, 4, 4]], 5)
+    # Layer 2: 0 reads 2 (head 0), everything else reads itself.
+    l2 = one_hot_layer([[2, 1, 2, 3, 4], [0, 1, 2, 3, 4]], 5)
+    r1, r2 = RF.receptive_fields([l1, l2])
+    # r(i, 1) = {i} U the keys i attends to in any head
+    assert as_sets(r1)[0] == [{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4}]
+    # r(0, 2) = r(0, 1) U r(2, 1) = {0, 1} U {2, 3}; the residual keeps r(i, 1) for the others
+    assert as_sets(r2)[0] == [{0, 1, 2, 3}, {1, 2}, {2, 3}, {3, 4}, {4}]
+    assert RF.field_sizes([r1, r2])[:, 0].tolist() == [[2, 2, 2, 2, 1], [4, 2, 2, 2, 1]]
+    assert RF.field_of([r1, r2], 0)[:, 0].tolist() == [[True, True, False, False, False],
+                                                       [True, True, True, True, False]]
+
+
+def test_fields_chain_through_layers_and_leave_padding_out():
+    # A chain: in every layer i attends to i + 1 (the last to itself). After
+    # l layers r(i, l) = {i, ..., i + l}. Example 1 has two padded positions:
+    # its padded queries attend to real keys (cleared) and nothing reaches them.
+    chain = [1, 2, 3, 4, 5, 5]
+    padded = [1, 2, 3, 3, 0, 1]  # positions 4 and 5 are padding
+    layer = torch.cat([one_hot_layer([chain], 6), one_hot_layer([padded], 6)], dim=1)  # (1, 2, 6, 6)
+    padding = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    fields = RF.receptive_fields([layer] * 3, padding)
+    for l, field in enumerate(fields, 1):
+        sets = as_sets(field)
+        assert sets[0] == [set(range(i, min(i + l, 5) + 1)) for i in range(6)]
+        assert sets[1] == [set(range(i, min(i + l, 3) + 1)) for i in range(4)] + [set(), set()]
+    sizes = RF.field_sizes(fields)
+    assert sizes[-1, 1].tolist() == [4, 3, 2, 1, 0, 0]
+
+
+def test_soft_recursion_equals_the_boolean_fields_on_one_hot_samples():
+    g = torch.Generator().manual_seed(0)
+    heads, batch, t, layers = 3, 2, 7, 4
+    samples = []
+    for _ in range(layers):
+        pick = torch.randint(0, t - 1, (heads, batch, t), generator=g)  # key t - 1 is padding in example 1
+        samples.append(torch.nn.functional.one_hot(pick, t).double())
+    padding = torch.zeros(batch, t, dtype=torch.bool)
+    padding[1, -1] = True
+    hard = RF.receptive_fields(samples, padding)
+    soft = RF.soft_receptive_fields(samples, padding)
+    for h, s in zip(hard, soft):
+        assert torch.equal(s, h.double())
+    assert int(hard[-1][0].sum()) > t  # not the identity: the recursion did something
+
+
+def _soft_by_loops(samples, t):
+    """The soft recursion element by element (float64, one example, no padding)."""
+    s = [[1.0 if i == j else 0.0 for j in range(t)] for i in range(t)]
+    for sample in samples:
+        z = sample.sum(0)[0]
+        s = [[min(s[i][j] + sum(float(z[i, k]) * s[k][j] for k in range(t)), 1.0) for j in range(t)]
+             for i in range(t)]
+    return torch.tensor(s, dtype=torch.float64)
+
+
+def test_soft_fields_against_explicit_loops():
+    g = torch.Generator().manual_seed(1)
+    t = 5
+    # Peaked rows (logits * 4), so that some entries stay below 1 and the min matters for others.
+    samples = [torch.softmax(4 * torch.randn(2, 1, t, t, generator=g, dtype=torch.float64), -1) * 0.6
+               for _ in range(2)]
+    got = RF.soft_receptive_fields(samples)[-1][0]
+    want = _soft_by_loops(samples, t)
+    torch.testing.assert_close(got, want, atol=1e-15, rtol=0)
+    assert 0 < int((got < 1).sum()) < t * t  # both branches of the min occur
+
+
+def test_penalty_by_hand():
+    # One head, three positions; the classifier reads position 0.
+    s1 = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [0.0, 0.5, 0.5]], dtype=torch.float64)
+    s2 = torch.tensor([[0.1, 0.6, 0.3], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    readers = torch.tensor([[True, False, False]])
+    # One layer: s^1_0j = min(delta_0j + S_0j, 1) = (1, 0.3, 0.2): 1.5.
+    p1 = RF.receptive_field_penalty([s1[None, None]], readers=readers)
+    assert p1.tolist() == [pytest.approx(1.5, abs=1e-15)]
+    # Two layers: s^1 = min(I + S1, 1) = rows (1, .3, .2), (.2, 1, .6), (0, .5, 1);
+    # S2_0 s^1 = .1 (1, .3, .2) + .6 (.2, 1, .6) + .3 (0, .5, 1) = (.22, .78, .68);
+    # s^2_0 = min((1, .3, .2) + (.22, .78, .68), 1) = (1, 1, .88): 2.88.
+    p2 = RF.receptive_field_penalty([s1[None, None], s2[None, None]], readers=readers)
+    assert p2.tolist() == [pytest.approx(2.88, abs=1e-14)]
+    # Every position read: the mean of the three sizes. s^2_1 = min((.2, 1, .6) + (1, .3, .2), 1)
+    # = (1, 1, .8): 2.8; s^2_2 = min((0, .5, 1) + (0, .5, 1), 1) = (0, 1, 1): 2.
+    p_all = RF.receptive_field_penalty([s1[None, None], s2[None, None]])
+    assert p_all.tolist() == [pytest.approx((2.88 + 2.8 + 2.0) / 3, abs=1e-14)]
+
+
+def test_penalty_leaves_padding_out_and_is_per_sentence():
+    g = torch.Generator().manual_seed(2)
+    t = 6
+    logits = torch.randn(2, 1, t, t, generator=g, dtype=torch.float64)
+    padding = torch.zeros(1, t, dtype=torch.bool)
+    padding[0, 4:] = True
+    logits = logits.masked_fill(padding[:, None, None, :], float("-inf"))
+    sample = torch.softmax(logits, -1)
+    padded = RF.receptive_field_penalty([sample, sample], padding)
+    # The same sentence cut to its 4 real positions gives the same value.
+    cut = torch.softmax(logits[..., :4, :4], -1)
+    alone = RF.receptive_field_penalty([cut, cut])
+    torch.testing.assert_close(padded, alone, atol=1e-14, rtol=0)
