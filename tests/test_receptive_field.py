@@ -132,3 +132,105 @@ def test_penalty_leaves_padding_out_and_is_per_sentence():
     cut = torch.softmax(logits[..., :4, :4], -1)
     alone = RF.receptive_field_penalty([cut, cut])
     torch.testing.assert_close(padded, alone, atol=1e-14, rtol=0)
+
+
+# --- acceptance: importance 0 outside the field, exactly -----------------------------
+
+from fairseq_dnas.analysis import faithfulness as FA  # noqa: E402
+from fairseq_dnas.analysis.capture import EncoderAttention  # noqa: E402
+
+HEAD = "sentence_classification_head"  # scripts/sentence_classify.py's head
+DISCRETE = ["roberta_discrete_single", "roberta_discrete"]
+
+
+def classifier(arch, seed=0):
+    """A tiny discrete RoBERTa (3 layers, 2 heads, random weights) with a
+    two-class head, in eval mode: argmax attention."""
+    from test_roberta_dnas import build
+
+    import fairseq_dnas.plugin  # noqa: F401  (registers the models: fairseq_dnas is imported already)
+
+    model = build(arch, ["--encoder-layers", "3", "--encoder-attention-heads", "2"], seed=seed)
+    torch.manual_seed(seed + 1)
+    model.register_classification_head(HEAD, num_classes=2)
+    return model.eval()
+
+
+def sentences(model, lengths=(16, 11, 14, 8)):
+    """<s> w ... </s>, right-padded (as sentence_classify.py feeds them)."""
+    from test_roberta_dnas import tokens
+
+    return tokens(model, lengths)
+
+
+def model_stream_samples(model, x):
+    """Per layer the (H, B, T, T) attention that carries values to the
+    classification head, read by the capture hooks in a separate forward."""
+    with EncoderAttention(model) as rec, torch.no_grad():
+        model(x, features_only=True, classification_head_name=HEAD)
+    return [FA.pick_stream(named, "model") for named in rec.calls[0]]
+
+
+@pytest.mark.parametrize("arch", DISCRETE)
+def test_importance_is_exactly_zero_outside_the_receptive_field(arch):
+    model = classifier(arch)
+    assert RF.is_discrete_encoder(model)
+    x = sentences(model)
+    padding = x.eq(model.encoder.sentence_encoder.padding_idx)
+    r = FA.explain_batch(model, x, HEAD, 0)
+    fields = RF.receptive_fields(model_stream_samples(model, x), padding)
+    assert torch.equal(r["receptive_field"], RF.field_of(fields, 0))
+    field = r["receptive_field"][-1]  # (B, T): r(0, L)
+    outside, inside = r["real"] & ~field, r["real"] & field
+    assert outside.any() and inside.any()  # both kinds of position occur: the test can fail
+    for form in FA.IMPORTANCE_FORMS:
+        g = r["importance"][form]
+        assert bool((g[outside] == 0).all()), form  # exactly 0, not small
+    assert bool((r["importance"]["grad"][inside] > 0).all())
+    # The field grows layer by layer (the residual keeps what was reached).
+    sizes = r["receptive_field"].sum(-1)
+    assert bool((sizes[1:] >= sizes[:-1]).all()) and bool((sizes[-1] > 1).all())
+
+
+def _logits_with_embedding_shift(model, x, delta):
+    """The classifier's logits with ``delta`` (B, T, C) added to the output of
+    embed_tokens, and the attention graph of that forward."""
+    enc = model.encoder.sentence_encoder
+    handle = enc.embed_tokens.register_forward_hook(lambda m, i, o: o + delta)
+    try:
+        with EncoderAttention(model) as rec, torch.no_grad():
+            logits, _ = model(x, features_only=True, classification_head_name=HEAD)
+    finally:
+        handle.remove()
+    return logits, [FA.pick_stream(named, "model") for named in rec.calls[0]]
+
+
+@pytest.mark.parametrize("arch", DISCRETE)
+def test_perturbing_an_embedding_outside_the_field_changes_nothing(arch):
+    """The converse: the prediction is a function of the embeddings inside
+    r(<s>, L) alone, as long as the argmax choices of the positions inside
+    stay (a shift large enough to change one changes the field itself:
+    the choice depends on every key). Shift every
+    position outside the field, then every real position inside: the first
+    leaves the logits bit for bit, the second moves them."""
+    model = classifier(arch, seed=1)
+    for layer in model.encoder.sentence_encoder.layers:
+        layer.self_attn.q_proj.weight.data *= 30.0  # clear argmax margins: a small shift keeps the graph
+    x = sentences(model)
+    padding = x.eq(model.encoder.sentence_encoder.padding_idx)
+    base, graph = _logits_with_embedding_shift(model, x, 0.0)
+    field = RF.field_of(RF.receptive_fields(graph, padding), 0)[-1]
+    dim = model.encoder.sentence_encoder.embed_tokens.embedding_dim
+    noise = 1e-4 * torch.randn(*x.shape, dim, generator=torch.Generator().manual_seed(5))
+    for region, same in (((~field) & ~padding, True), (field & ~padding, False)):
+        assert region.any()
+        delta = noise * region[..., None]
+        logits, moved_graph = _logits_with_embedding_shift(model, x, delta)
+        # The rows of every position inside the field are the same argmax
+        # choices, in every layer: the computation that ends in <s>'s state
+        # is the same (rows outside may change: nothing of them reaches <s>).
+        if same:
+            assert all(torch.equal(a[:, field], b[:, field]) for a, b in zip(graph, moved_graph))
+            assert torch.equal(logits, base)
+        else:
+            assert (logits - base).abs().max() > 0
