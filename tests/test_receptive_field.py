@@ -234,3 +234,226 @@ def test_perturbing_an_embedding_outside_the_field_changes_nothing(arch):
             assert torch.equal(logits, base)
         else:
             assert (logits - base).abs().max() > 0
+
+
+# --- the field in scripts/faithfulness.py, and a tiny fairseq-train run with the penalty ---
+
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+
+from helpers import ROOT, run  # noqa: E402
+
+PENALTY = ["--receptive-field-penalty", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def penalized(tmp_path_factory):
+    """tests/test_faithfulness.py's generated set and recipe steps, and the
+    two discrete classifiers trained 10 updates with --receptive-field-penalty 0.1."""
+    from test_faithfulness import train_classifiers
+
+    return train_classifiers(tmp_path_factory.mktemp("receptive_field"), DISCRETE, (*PENALTY, "--log-interval", "5"))
+
+
+@pytest.mark.parametrize("arch", DISCRETE)
+def test_fairseq_train_with_the_penalty_logs_it(penalized, arch):
+    log = penalized["logs"][arch]
+    assert "done training" in log
+    values = [float(v) for v in re.findall(r"rf_penalty[ =](\d+\.\d+)", log)]
+    assert values, log[-2000:]
+    # the mean size of <s>'s soft receptive field: at least <s> itself, at
+    # most the longest sentence (1 + 11 words + </s> pieces; the set's lines are short)
+    assert all(1.0 <= v <= 64 for v in values)
+    assert "valid" in log and not re.search(r"\| valid .*rf_penalty", log)  # training only
+
+
+def test_faithfulness_script_reports_the_field_of_discrete_encoders(penalized, tmp_path):
+    import sentence_classify
+
+    test = penalized["files"]["test"]
+    out = {arch: tmp_path / f"{arch}.jsonl" for arch in DISCRETE}
+    proc = run([sys.executable, os.path.join(ROOT, "scripts", "faithfulness.py"),
+                *(penalized["ckpt"][a] for a in DISCRETE), "--test", test, "--json", *out.values(),
+                "--labels", *DISCRETE, "--batch", "7"])
+    summaries = [json.loads(line) for line in proc.stdout.splitlines()]
+    for arch, summary in zip(DISCRETE, summaries):
+        rows = [json.loads(line) for line in out[arch].read_text().splitlines()]
+        model, task, data = sentence_classify.load(str(penalized["ckpt"][arch]))
+        layers = len(model.encoder.sentence_encoder.layers)
+        sizes, fractions = [], []
+        for row in rows:
+            # the field of <s> recomputed from one sentence alone (no padding)
+            x = torch.tensor(row["tokens"])[None]
+            field = FA.explain_batch(model.eval(), x, HEAD, 0)["receptive_field"][:, 0]  # (L, T)
+            assert row["receptive_field"] == field[-1].nonzero().flatten().tolist()
+            assert row["receptive_field"][0] == 0  # <s> is in its own field
+            sizes.append(field.sum(-1).double())
+            fractions.append(field.sum(-1).double() / len(row["tokens"]))
+        assert len(summary["receptive_field_size"]) == len(summary["receptive_field_fraction"]) == layers
+        torch.testing.assert_close(torch.tensor(summary["receptive_field_size"], dtype=torch.float64),
+                                   torch.stack(sizes).mean(0), atol=1e-12, rtol=0)
+        torch.testing.assert_close(torch.tensor(summary["receptive_field_fraction"], dtype=torch.float64),
+                                   torch.stack(fractions).mean(0), atol=1e-12, rtol=0)
+        assert f"{arch}: receptive field of <s> per layer (mean over sentences): " in proc.stderr
+
+
+# --- the penalty in the models ------------------------------------------------------------
+
+
+def _train_mode(model):
+    model.train()
+    for m in model.modules():  # dropout off, the sampler on
+        if hasattr(m, "p") and isinstance(getattr(m, "p"), float):
+            m.p = 0.0
+    return model
+
+
+@pytest.mark.parametrize("arch, extra", [("roberta_discrete_single", ["--discrete-sampler", "soft"]),
+                                         ("roberta_two_stream", [])])
+@pytest.mark.parametrize("head", [True, False])
+def test_model_penalty_is_the_soft_recursion_of_the_samples_it_used(arch, extra, head):
+    """Soft samplers (S = softmax(L): deterministic, so the capture's S is the
+    one the model used): extra['receptive_field_penalty'] per sentence is
+    receptive_field_penalty of the captured S, read at <s> with a
+    classification head, at every real position without."""
+    from test_roberta_dnas import build
+
+    import fairseq_dnas.plugin  # noqa: F401
+
+    model = build(arch, [*extra, *PENALTY])
+    model.register_classification_head(HEAD, num_classes=2)
+    _train_mode(model)
+    x = sentences(model)
+    padding = x.eq(model.encoder.sentence_encoder.padding_idx)
+    kw = {"features_only": True, "classification_head_name": HEAD} if head else {}
+    with EncoderAttention(model) as rec:
+        _, extra_out = model(x, **kw)
+    samples = [FA.pick_stream(named, "model") for named in rec.calls[0]]
+    readers = None
+    if head:
+        readers = torch.zeros_like(padding)
+        readers[:, 0] = True
+    want = RF.receptive_field_penalty(samples, padding, readers)
+    got = extra_out["receptive_field_penalty"]
+    torch.testing.assert_close(got.detach(), want, atol=1e-5, rtol=0)
+    assert bool((got > 1).all())  # more than <s> itself: not a trivial value
+    taken = model.take_receptive_field_penalty()
+    assert float(taken[0].detach()) == pytest.approx(float(got.detach().sum()), abs=1e-5) and taken[1] == len(x)
+    assert model.take_receptive_field_penalty() is None  # taken once
+    model.eval()
+    assert "receptive_field_penalty" not in model(x, **kw)[1]  # inference: no penalty
+
+
+@pytest.mark.parametrize("arch", DISCRETE)
+def test_penalty_gradient_reaches_the_attention_logits(arch):
+    from test_roberta_dnas import build
+
+    import fairseq_dnas.plugin  # noqa: F401
+
+    model = build(arch, PENALTY)
+    model.register_classification_head(HEAD, num_classes=2)
+    _train_mode(model)
+    torch.manual_seed(3)
+    _, extra_out = model(sentences(model), features_only=True, classification_head_name=HEAD)
+    extra_out["receptive_field_penalty"].sum().backward()
+    layers = model.encoder.sentence_encoder.layers
+    for layer in layers:  # L = q k^T: every layer's logits shape the field
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            assert proj.weight.grad is not None and proj.weight.grad.abs().max() > 0
+    if arch == "roberta_discrete":
+        # The field depends on S alone, which the controller decides: the
+        # model stream gets no gradient from the penalty.
+        model_stream = [p for n, p in model.named_parameters() if ".model_" in n]
+        assert model_stream and all(p.grad is None or not p.grad.any() for p in model_stream)
+    else:
+        top = layers[-1].self_attn.v_proj.weight.grad  # the top layer's values reach no logits
+        assert top is None or not top.any()
+
+
+def _translation_loss(arch, extra, seed=1):
+    """(loss, sample_size, logging output, criterion, P per sentence) of
+    label_smoothed_cross_entropy on a tiny batch, the model in training mode."""
+    from fairseq.tasks.translation import TranslationTask
+    from helpers import random_tokens, tiny_args, tiny_dictionary
+
+    args = tiny_args(arch, ["--dropout", "0", "--criterion", "label_smoothed_cross_entropy",
+                            "--label-smoothing", "0.1", *extra])
+    d = tiny_dictionary()
+    task = TranslationTask(args, d, d)
+    torch.manual_seed(0)
+    model = task.build_model(args).train()
+    criterion = task.build_criterion(args)
+    src = random_tokens([5, 9, 7], 9, d, left_pad=True)
+    tgt = random_tokens([4, 6, 3], 6, d, left_pad=False, seed=2)
+    prev = torch.cat([torch.full((3, 1), d.eos()), tgt[:, :-1]], 1).masked_fill(tgt.eq(d.pad()), d.pad())
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1), "prev_output_tokens": prev},
+              "target": tgt, "ntokens": int(tgt.ne(d.pad()).sum()), "nsentences": 3}
+    seen = {}
+    model.register_forward_hook(lambda m, i, out: seen.update(p=out[1].get("receptive_field_penalty")))
+    torch.manual_seed(seed)
+    loss, sample_size, logging_output = criterion(model, sample)
+    return loss, sample_size, logging_output, criterion, seen["p"]
+
+
+@pytest.mark.parametrize("arch", ["transformer_discrete_single", "transformer_discrete"])
+def test_penalty_in_fairseqs_criterion_and_zero_changes_nothing(arch):
+    plain, size, log0, crit0, p0 = _translation_loss(arch, [])
+    zero, _, _, crit_zero, _ = _translation_loss(arch, ["--receptive-field-penalty", "0"])
+    assert p0 is None and not crit0._forward_hooks and not crit_zero._forward_hooks
+    assert torch.equal(zero, plain)  # bit for bit
+    with_penalty, size1, log1, _, p = _translation_loss(arch, ["--receptive-field-penalty", "0.5"])
+    assert size1 == size and p.shape == (3,)
+    # encoder (2 layers) and decoder (1 layer) fields: each at least 1, at most the length
+    assert bool((p > 2).all()) and bool((p <= 9 + 6).all())
+    # The criterion's own loss is unchanged (logged as before); the returned
+    # one gains C * sum_b P_b * sample_size / nsentences. The single-stream
+    # model leaves its fused kernel to keep S: the same noise, other rounding.
+    atol = 0 if arch == "transformer_discrete" else 1e-4
+    torch.testing.assert_close(log1["loss"], log0["loss"], atol=atol, rtol=0)
+    want = log1["loss"] + 0.5 * p.detach().sum() * size / 3
+    torch.testing.assert_close(with_penalty.detach(), want, atol=1e-4, rtol=0)
+    assert log1["receptive_field_penalty"] == pytest.approx(float(p.detach().sum()))
+
+
+@pytest.fixture(scope="module")
+def translation_data(tmp_path_factory):
+    from helpers import write_parallel_data
+
+    raw = tmp_path_factory.mktemp("rf_raw")
+    write_parallel_data(raw, sizes=(("train", 60), ("valid", 10), ("test", 10)))
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+         "--validpref", raw / "valid", "--destdir", raw / "bin", "--joined-dictionary", "--workers", "1"])
+    return raw / "bin"
+
+
+def _fairseq_train(data, save, arch, *flags, check=True):
+    from helpers import USER_DIR
+
+    return run(["fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--optimizer", "adam",
+                "--lr", "1e-3", "--max-update", "4", "--batch-size", "16", "--no-progress-bar", "--log-interval", "2",
+                "--save-dir", save, "--no-save", *flags], check=check)
+
+
+def test_translation_fairseq_train_with_the_penalty(translation_data, tmp_path):
+    proc = _fairseq_train(translation_data, tmp_path, "transformer_discrete_tiny", *PENALTY,
+                          "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1")
+    log = proc.stdout + proc.stderr
+    assert "done training" in log and re.search(r"rf_penalty[ =]\d+\.\d+", log), log[-2000:]
+
+
+@pytest.mark.parametrize("arch", ["transformer_discrete_single_tiny", "transformer_discrete_tiny"])
+@pytest.mark.parametrize("value", ["-0.1", "nan"])
+def test_bad_penalty_through_plain_fairseq_train_gives_one_line(translation_data, tmp_path, arch, value):
+    from test_discrete_models import _plain_train
+
+    from helpers import USER_DIR
+
+    proc = _plain_train(translation_data, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--optimizer", "adam",
+                        "--lr", "1e-3", "--max-update", "1", "--batch-size", "8", "--save-dir", tmp_path,
+                        "--receptive-field-penalty", value)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--receptive-field-penalty must be a finite number >= 0" in errors[0], errors

@@ -186,3 +186,13 @@ def summarize(taus: List[Optional[float]], gold: Sequence[int], pred: Sequence[i
         "tau_std": float(kept.std()) if len(kept) else float("nan"),
         "left_out": len(taus) - len(kept),
     }
+
+
+def receptive_field_summary(per_example) -> dict:
+    """From (sizes per layer, length) per sentence: the mean over sentences
+    of |r(<s>, l)| and of |r(<s>, l)| / length, per layer l (bottom first);
+    length counts every position fed to the model, <s> and </s> included."""
+    sizes = np.array([s for s, _ in per_example], dtype=np.float64)  # (N, L)
+    lengths = np.array([n for _, n in per_example], dtype=np.float64)[:, None]
+    return {"receptive_field_size": sizes.mean(0).tolist(),
+            "receptive_field_fraction": (sizes / lengths).mean(0).tolist()}
