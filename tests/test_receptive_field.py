@@ -117,6 +117,31 @@ def test_penalty_by_hand():
     # = (1, 1, .8): 2.8; s^2_2 = min((0, .5, 1) + (0, .5, 1), 1) = (0, 1, 1): 2.
     p_all = RF.receptive_field_penalty([s1[None, None], s2[None, None]])
     assert p_all.tolist() == [pytest.approx((2.88 + 2.8 + 2.0) / 3, abs=1e-14)]
+    # --receptive-field-layers all: the mean over the two layers, 1.5 and 2.88 at <s>.
+    p_layers = RF.receptive_field_penalty([s1[None, None], s2[None, None]], readers=readers, layers="all")
+    assert p_layers.tolist() == [pytest.approx((1.5 + 2.88) / 2, abs=1e-14)]
+    with pytest.raises(ValueError, match="final, all"):
+        RF.receptive_field_penalty([s1[None, None]], layers="last")
+
+
+def test_full_final_fields_have_no_gradient_and_the_mean_over_layers_has():
+    # Two heads of uniform rows over 3 positions: Z = 2/3 everywhere.
+    # s^1 = min(I + Z, 1): 2/3 off the diagonal (below 1); s^2 = min(s^1 +
+    # Z s^1, 1) = 1 everywhere (2/3 + 2/3 (1 + 4/3) > 1): the final field is
+    # full, so the min passes no gradient; the first layer's still does.
+    logits = [torch.zeros(2, 1, 3, 3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    lift = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)  # an uneven row, so that softmax's gradient is not 0
+
+    def samples():
+        return [torch.softmax(g + lift, -1) for g in logits]
+
+    final = RF.receptive_field_penalty(samples(), layers="final")
+    assert final.tolist() == [3.0]
+    final.sum().backward()
+    assert all(not g.grad.any() for g in logits)
+    mean = RF.receptive_field_penalty(samples(), layers="all")
+    mean.sum().backward()
+    assert logits[0].grad.abs().max() > 0 and not logits[1].grad.any()  # the full top layer still gives none
 
 
 def test_penalty_leaves_padding_out_and_is_per_sentence():
@@ -311,7 +336,8 @@ def _train_mode(model):
 
 
 @pytest.mark.parametrize("arch, extra", [("roberta_discrete_single", ["--discrete-sampler", "soft"]),
-                                         ("roberta_two_stream", [])])
+                                         ("roberta_two_stream", []),
+                                         ("roberta_two_stream", ["--receptive-field-layers", "all"])])
 @pytest.mark.parametrize("head", [True, False])
 def test_model_penalty_is_the_soft_recursion_of_the_samples_it_used(arch, extra, head):
     """Soft samplers (S = softmax(L): deterministic, so the capture's S is the
@@ -335,7 +361,7 @@ def test_model_penalty_is_the_soft_recursion_of_the_samples_it_used(arch, extra,
     if head:
         readers = torch.zeros_like(padding)
         readers[:, 0] = True
-    want = RF.receptive_field_penalty(samples, padding, readers)
+    want = RF.receptive_field_penalty(samples, padding, readers, "all" if "all" in extra else "final")
     got = extra_out["receptive_field_penalty"]
     torch.testing.assert_close(got.detach(), want, atol=1e-5, rtol=0)
     assert bool((got > 1).all())  # more than <s> itself: not a trivial value

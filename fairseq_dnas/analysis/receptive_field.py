@@ -117,23 +117,31 @@ def soft_receptive_fields(samples: Sequence[Tensor], padding: Optional[Tensor] =
     return fields
 
 
-def receptive_field_penalty(samples: Sequence[Tensor], padding: Optional[Tensor] = None,
-                            readers: Optional[Tensor] = None) -> Tensor:
-    """(B,) per sentence, the mean over the positions the loss reads of the
-    soft size of their final-layer receptive field:
+PENALTY_LAYERS = ("final", "all")
 
-        P_b = (1 / |Q_b|) sum_{i in Q_b} sum_j s^L_{b,ij}
+
+def receptive_field_penalty(samples: Sequence[Tensor], padding: Optional[Tensor] = None,
+                            readers: Optional[Tensor] = None, layers: str = "final") -> Tensor:
+    """(B,) per sentence, the mean over the positions the loss reads of the
+    soft size of their receptive field after the final layer (the thesis's),
+    or with ``layers='all'`` the mean of that over the layers:
+
+        final: P_b = (1 / |Q_b|) sum_{i in Q_b} sum_j s^L_{b,ij}
+        all:   P_b = (1 / L) sum_l (1 / |Q_b|) sum_{i in Q_b} sum_j s^l_{b,ij}
 
     samples: relaxed samples (H, B, T, T) per layer, bottom first;
     readers: (B, T) bool, Q (default: every real position). With one reader
-    (a classifier's ``<s>``) P_b is the union form sum_j min(sum_{i in Q} s_ij, 1)
+    (a classifier's ``<s>``) the final form is the union sum_j min(sum_{i in Q} s_ij, 1)
     (each s_ij <= 1); over every real position that union is the constant T
-    (s_jj = 1), hence the mean of the sizes (docs/math.md).
+    (s_jj = 1), hence the mean of the sizes (docs/math.md). Where every
+    s^L_ij has reached 1 the final form's gradient is 0 (the min), hence 'all'.
     """
-    s = soft_receptive_fields(samples, padding)[-1]
+    if layers not in PENALTY_LAYERS:
+        raise ValueError(f"layers {layers!r}: choose one of {', '.join(PENALTY_LAYERS)}")
+    fields = soft_receptive_fields(samples, padding)
     first = samples[0]
     real = _real(padding, first.size(1), first.size(2), first.device)
-    q = real if readers is None else readers.bool() & real
-    sizes = s.sum(dim=-1)  # (B, T): sum_j s^L_ij
-    qf = q.to(sizes.dtype)
-    return (sizes * qf).sum(dim=-1) / qf.sum(dim=-1).clamp(min=1.0)
+    q = (real if readers is None else readers.bool() & real).to(first.dtype)
+    used = fields[-1:] if layers == "final" else fields
+    sizes = sum(s.sum(dim=-1) for s in used) / len(used)  # (B, T): sum_j s^l_ij, averaged over layers
+    return (sizes * q).sum(dim=-1) / q.sum(dim=-1).clamp(min=1.0)

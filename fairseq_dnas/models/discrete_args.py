@@ -11,6 +11,8 @@ single-stream and the two-stream architectures.
     --sinkhorn-iters N              DNAS rounds, with --discrete-scheme dnas only
     --receptive-field-penalty C     C times the soft receptive-field size in the loss (the thesis's
                                     appendix; 0 = off; ``receptive_field_penalty``)
+    --receptive-field-layers {final,all}  the fields after the final layer (the thesis's) or their
+                                    mean over layers
 
 Defaults are set by ``discrete_defaults`` (called by the architecture
 functions, as fairseq sets defaults); ``validate_discrete_args`` raises a
@@ -23,6 +25,7 @@ from fairseq.utils import safe_getattr
 
 from fairseq_dnas.attention.discrete import DISCRETE_SCHEMES, SAMPLERS, GumbelSchedule, check_temperature
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
+from fairseq_dnas.analysis.receptive_field import PENALTY_LAYERS
 from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.models.receptive_field_penalty import attach_to_task, check_penalty
 
@@ -54,6 +57,10 @@ FLAGS = (
         type=float, metavar="FLOAT",
         help="add FLOAT times the soft size of the receptive fields of the positions the loss reads "
              "to the training loss (the thesis's appendix uses 0.1; default 0 = off); logged as rf_penalty")),
+    ("--receptive-field-layers", dict(
+        choices=PENALTY_LAYERS,
+        help="--receptive-field-penalty on the fields after the final layer (the thesis's; default) "
+             "or on their mean over all layers (gradient also where the final fields are full)")),
 )
 
 
@@ -75,6 +82,7 @@ def discrete_defaults(args, sampler: str = "gumbel") -> None:
     args.discrete_sampler = safe_getattr(args, "discrete_sampler", sampler)
     args.sinkhorn_iters = safe_getattr(args, "sinkhorn_iters", 1)
     args.receptive_field_penalty = safe_getattr(args, "receptive_field_penalty", 0.0)
+    args.receptive_field_layers = safe_getattr(args, "receptive_field_layers", "final")
 
 
 def validate_discrete_args(args) -> None:
@@ -103,7 +111,7 @@ def validate_discrete_args(args) -> None:
         check_sinkhorn_iters(args.sinkhorn_iters)
     except ValueError:
         raise BadFlag(f"--sinkhorn-iters must be an integer >= 1; got {args.sinkhorn_iters!r}") from None
-    check_penalty(args.receptive_field_penalty)
+    check_penalty(args.receptive_field_penalty, args.receptive_field_layers)
     if args.sinkhorn_iters > 1 and args.discrete_scheme != "dnas":
         raise BadFlag(
             f"--sinkhorn-iters {args.sinkhorn_iters} only changes --discrete-scheme dnas; "

@@ -9,6 +9,8 @@ kernel, which keeps no S), and the model computes, per sentence b,
 
     P_b = sum over self-attention stacks of (1 / |Q_b|) sum_{i in Q_b} sum_j s^L_{b,ij}
 
+(``--receptive-field-layers all``: that size averaged over the layers l = 1..L)
+
 (``fairseq_dnas.analysis.receptive_field.receptive_field_penalty``): Q_b is
 ``<s>`` for a RoBERTa model called with a classification head, else every
 real position; the stacks are the encoder (each view's, for a multiview
@@ -39,18 +41,21 @@ import torch
 from fairseq.logging import metrics
 from torch import Tensor
 
-from fairseq_dnas.analysis.receptive_field import receptive_field_penalty
+from fairseq_dnas.analysis.receptive_field import PENALTY_LAYERS, receptive_field_penalty
 from fairseq_dnas.errors import BadFlag
 
 PENALTY_FLAG = "--receptive-field-penalty"
 PENALTY_METRIC = "rf_penalty"
 
 
-def check_penalty(value) -> None:
-    """BadFlag unless the coefficient is a finite number >= 0."""
+def check_penalty(value, layers: str = "final") -> None:
+    """BadFlag unless the coefficient is a finite number >= 0 and the layers
+    one of ``PENALTY_LAYERS``."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
     if not ok:
         raise BadFlag(f"{PENALTY_FLAG} must be a finite number >= 0 (0 = off; the thesis uses 0.1); got {value!r}")
+    if layers not in PENALTY_LAYERS:
+        raise BadFlag(f"--receptive-field-layers {layers!r} is unknown; choose one of {', '.join(PENALTY_LAYERS)}")
 
 
 def stack_modules(stack) -> List:
@@ -82,7 +87,8 @@ class ReceptiveFieldPenaltyMixin:
                 if mods[0].kept_sample is None:
                     continue  # a stack this call did not run (the other view)
                 samples = [m.kept_sample.transpose(0, 1) for m in mods]  # (H, B, T, T) each
-                p = receptive_field_penalty(samples, tokens.eq(pad), readers)
+                p = receptive_field_penalty(samples, tokens.eq(pad), readers,
+                                            getattr(self.args, "receptive_field_layers", "final"))
                 penalty = p if penalty is None else penalty + p
         finally:
             for m in modules:
