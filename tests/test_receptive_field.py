@@ -398,9 +398,10 @@ def test_penalty_gradient_reaches_the_attention_logits(arch):
         assert top is None or not top.any()
 
 
-def _translation_loss(arch, extra, seed=1):
+def _translation_loss(arch, extra, seed=1, stray=False):
     """(loss, sample_size, logging output, criterion, P per sentence) of
-    label_smoothed_cross_entropy on a tiny batch, the model in training mode."""
+    label_smoothed_cross_entropy on a tiny batch, the model in training mode;
+    ``stray``: one more training forward before the criterion's."""
     from fairseq.tasks.translation import TranslationTask
     from helpers import random_tokens, tiny_args, tiny_dictionary
 
@@ -418,6 +419,8 @@ def _translation_loss(arch, extra, seed=1):
               "target": tgt, "ntokens": int(tgt.ne(d.pad()).sum()), "nsentences": 3}
     seen = {}
     model.register_forward_hook(lambda m, i, out: seen.update(p=out[1].get("receptive_field_penalty")))
+    if stray:
+        model(**sample["net_input"])  # outside the criterion: must not count
     torch.manual_seed(seed)
     loss, sample_size, logging_output = criterion(model, sample)
     return loss, sample_size, logging_output, criterion, seen["p"]
@@ -428,8 +431,9 @@ def test_penalty_in_fairseqs_criterion_and_zero_changes_nothing(arch):
     plain, size, log0, crit0, p0 = _translation_loss(arch, [])
     zero, _, _, crit_zero, _ = _translation_loss(arch, ["--receptive-field-penalty", "0"])
     assert p0 is None and not crit0._forward_hooks and not crit_zero._forward_hooks
+    assert not crit0._forward_pre_hooks and not crit_zero._forward_pre_hooks
     assert torch.equal(zero, plain)  # bit for bit
-    with_penalty, size1, log1, _, p = _translation_loss(arch, ["--receptive-field-penalty", "0.5"])
+    with_penalty, size1, log1, _, p = _translation_loss(arch, ["--receptive-field-penalty", "0.5"], stray=True)
     assert size1 == size and p.shape == (3,)
     # encoder (2 layers) and decoder (1 layer) fields: each at least 1, at most the length
     assert bool((p > 2).all()) and bool((p <= 9 + 6).all())

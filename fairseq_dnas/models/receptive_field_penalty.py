@@ -132,13 +132,24 @@ class TranslationPenaltyMixin(ReceptiveFieldPenaltyMixin):
                 (stack_modules(self.decoder), prev, self.decoder.padding_idx, None)]
 
 
+def _taken(inputs):
+    """What the model of a criterion call ``criterion(model, sample)`` kept."""
+    model = inputs[0] if inputs else None
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    return model.take_receptive_field_penalty() if hasattr(model, "take_receptive_field_penalty") else None
+
+
+def discard_earlier(criterion, inputs):
+    """The criterion forward pre-hook: forget what forwards outside this
+    criterion call kept, so that only this call's forwards count."""
+    _taken(inputs)
+
+
 def add_penalty(coef: float):
     """The criterion forward hook: loss + C * sum_b P_b * sample_size / nsentences."""
 
     def hook(criterion, inputs, output):
-        model = inputs[0] if inputs else None
-        model = getattr(model, "module", model)  # DistributedDataParallel
-        taken = model.take_receptive_field_penalty() if hasattr(model, "take_receptive_field_penalty") else None
+        taken = _taken(inputs)
         if taken is None:
             return output  # validation (eval mode): no penalty
         loss, sample_size, logging_output = output
@@ -159,6 +170,7 @@ def attach_to_task(task, args) -> None:
 
     def build_criterion(*a, **kw):
         criterion = build(*a, **kw)
+        criterion.register_forward_pre_hook(discard_earlier)
         criterion.register_forward_hook(add_penalty(coef))
         return criterion
 
