@@ -9,12 +9,12 @@ kernel, which keeps no S), and the model computes, per sentence b,
 
     P_b = sum over self-attention stacks of (1 / |Q_b|) sum_{i in Q_b} sum_j s^L_{b,ij}
 
-(``--receptive-field-layers all``: that size averaged over the layers l = 1..L)
-
-(``fairseq_dnas.analysis.receptive_field.receptive_field_penalty``): Q_b is
-``<s>`` for a RoBERTa model called with a classification head, else every
-real position; the stacks are the encoder (each view's, for a multiview
-model) and, in translation, the decoder's causal self-attention.
+(``fairseq_dnas.analysis.receptive_field.receptive_field_penalty``; with
+``--receptive-field-layers all`` the size is averaged over the layers
+l = 1..L): Q_b is ``<s>`` for a RoBERTa model called with a classification
+head, else every real position; the stacks are the encoder (each view's,
+for a multiview model) and, in translation, the decoder's causal
+self-attention.
 
 How it reaches the loss: fairseq's trainer optimizes what
 ``criterion(model, sample)`` returns, and no fairseq hook lets a model add a
