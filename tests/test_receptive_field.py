@@ -473,8 +473,8 @@ def test_translation_fairseq_train_with_the_penalty(translation_data, tmp_path):
     assert "done training" in log and re.search(r"rf_penalty[ =]\d+\.\d+", log), log[-2000:]
 
 
-@pytest.mark.parametrize("arch", ["transformer_discrete_single_tiny", "transformer_discrete_tiny"])
-@pytest.mark.parametrize("value", ["-0.1", "nan"])
+@pytest.mark.parametrize("arch, value", [("transformer_discrete_single_tiny", "-0.1"),
+                                         ("transformer_discrete_tiny", "nan")])
 def test_bad_penalty_through_plain_fairseq_train_gives_one_line(translation_data, tmp_path, arch, value):
     from test_discrete_models import _plain_train
 
