@@ -27,7 +27,14 @@ from fairseq_dnas.attention.discrete import DISCRETE_SCHEMES, SAMPLERS, GumbelSc
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.analysis.receptive_field import PENALTY_LAYERS
 from fairseq_dnas.errors import BadFlag
-from fairseq_dnas.models.receptive_field_penalty import attach_to_task, check_penalty
+from fairseq_dnas.models.receptive_field_penalty import (
+    LAYERS_FLAG,
+    LAYERS_HELP,
+    PENALTY_FLAG,
+    PENALTY_HELP,
+    attach_to_task,
+    check_penalty,
+)
 
 TEMPERATURE_METRIC = "gumbel_tau"
 
@@ -53,14 +60,8 @@ FLAGS = (
     ("--sinkhorn-iters", dict(
         type=int, metavar="N",
         help="column/row normalization rounds of --discrete-scheme dnas (1 = Ding et al.'s DNAS)")),
-    ("--receptive-field-penalty", dict(
-        type=float, metavar="FLOAT",
-        help="add FLOAT times the soft size of the receptive fields of the positions the loss reads "
-             "to the training loss (the thesis's appendix uses 0.1; default 0 = off); logged as rf_penalty")),
-    ("--receptive-field-layers", dict(
-        choices=PENALTY_LAYERS,
-        help="--receptive-field-penalty on the fields after the final layer (the thesis's; default) "
-             "or on their mean over all layers (gradient also where the final fields are full)")),
+    (PENALTY_FLAG, dict(type=float, metavar="FLOAT", help=PENALTY_HELP)),
+    (LAYERS_FLAG, dict(choices=PENALTY_LAYERS, help=LAYERS_HELP)),
 )
 
 

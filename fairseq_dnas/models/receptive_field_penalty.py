@@ -45,7 +45,12 @@ from fairseq_dnas.analysis.receptive_field import PENALTY_LAYERS, receptive_fiel
 from fairseq_dnas.errors import BadFlag
 
 PENALTY_FLAG = "--receptive-field-penalty"
+LAYERS_FLAG = "--receptive-field-layers"
 PENALTY_METRIC = "rf_penalty"
+PENALTY_HELP = ("add FLOAT times the soft size of the receptive fields of the positions the loss reads to the "
+                "training loss (the thesis's appendix uses 0.1; default 0 = off); logged as rf_penalty")
+LAYERS_HELP = (f"{PENALTY_FLAG} on the fields after the final layer (the thesis's; default) or on their mean "
+               "over all layers (gradient also where the final fields are full)")
 
 
 def check_penalty(value, layers: str = "final") -> None:
@@ -55,7 +60,7 @@ def check_penalty(value, layers: str = "final") -> None:
     if not ok:
         raise BadFlag(f"{PENALTY_FLAG} must be a finite number >= 0 (0 = off; the thesis uses 0.1); got {value!r}")
     if layers not in PENALTY_LAYERS:
-        raise BadFlag(f"--receptive-field-layers {layers!r} is unknown; choose one of {', '.join(PENALTY_LAYERS)}")
+        raise BadFlag(f"{LAYERS_FLAG} {layers!r} is unknown; choose one of {', '.join(PENALTY_LAYERS)}")
 
 
 def stack_modules(stack) -> List:
