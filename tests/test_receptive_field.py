@@ -279,7 +279,8 @@ def penalized(tmp_path_factory):
     two discrete classifiers trained 10 updates with --receptive-field-penalty 0.1."""
     from test_faithfulness import train_classifiers
 
-    return train_classifiers(tmp_path_factory.mktemp("receptive_field"), DISCRETE, (*PENALTY, "--log-interval", "5"))
+    return train_classifiers(tmp_path_factory.mktemp("receptive_field"), DISCRETE,
+                             ("--receptive-field-penalty", "0.01", "--log-interval", "5"))
 
 
 @pytest.mark.parametrize("arch", DISCRETE)
@@ -294,28 +295,51 @@ def test_fairseq_train_with_the_penalty_logs_it(penalized, arch):
     assert "valid" in log and not re.search(r"\| valid .*rf_penalty", log)  # training only
 
 
+def _rewired(checkpoint, path):
+    """The checkpoint with every q_proj drawn afresh (seeded): after 10
+    updates <s> picks itself in every head (a field of one position), with
+    other queries it picks other positions."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    g = torch.Generator().manual_seed(7)
+    for name, value in state["model"].items():
+        if name.endswith("self_attn.q_proj.weight"):
+            value.copy_(torch.randn(value.shape, generator=g, dtype=value.dtype))
+    torch.save(state, path)
+    return path
+
+
 def test_faithfulness_script_reports_the_field_of_discrete_encoders(penalized, tmp_path):
     import sentence_classify
 
     test = penalized["files"]["test"]
     out = {arch: tmp_path / f"{arch}.jsonl" for arch in DISCRETE}
+    ckpt = {a: _rewired(penalized["ckpt"][a], penalized["ckpt"][a].parent / "rewired.pt") for a in DISCRETE}
     proc = run([sys.executable, os.path.join(ROOT, "scripts", "faithfulness.py"),
-                *(penalized["ckpt"][a] for a in DISCRETE), "--test", test, "--json", *out.values(),
+                *ckpt.values(), "--test", test, "--json", *out.values(),
                 "--labels", *DISCRETE, "--batch", "7"])
     summaries = [json.loads(line) for line in proc.stdout.splitlines()]
     for arch, summary in zip(DISCRETE, summaries):
         rows = [json.loads(line) for line in out[arch].read_text().splitlines()]
-        model, task, data = sentence_classify.load(str(penalized["ckpt"][arch]))
+        model, task, data = sentence_classify.load(str(ckpt[arch]))
         layers = len(model.encoder.sentence_encoder.layers)
-        sizes, fractions = [], []
+        sizes, fractions, outside_count = [], [], 0
         for row in rows:
             # the field of <s> recomputed from one sentence alone (no padding)
             x = torch.tensor(row["tokens"])[None]
             field = FA.explain_batch(model.eval(), x, HEAD, 0)["receptive_field"][:, 0]  # (L, T)
             assert row["receptive_field"] == field[-1].nonzero().flatten().tolist()
             assert row["receptive_field"][0] == 0  # <s> is in its own field
+            # the acceptance property on trained models too: importance (over the
+            # real tokens, positions 1 .. T-2) is 0 exactly outside the field
+            inside = set(row["receptive_field"])
+            for j, g in enumerate(row["importance"], 1):
+                assert (g > 0) if j in inside else (g == 0), (j, g)
+            outside_count += sum(j not in inside for j in range(1, len(row["tokens"]) - 1))
             sizes.append(field.sum(-1).double())
             fractions.append(field.sum(-1).double() / len(row["tokens"]))
+        inside_count = sum(len(r["receptive_field"]) for r in rows)
+        print(arch, "real positions outside the field:", outside_count, "positions inside:", inside_count)
+        assert outside_count > 0 and inside_count > 2 * len(rows)  # both occur, beyond <s> and </s>
         assert len(summary["receptive_field_size"]) == len(summary["receptive_field_fraction"]) == layers
         torch.testing.assert_close(torch.tensor(summary["receptive_field_size"], dtype=torch.float64),
                                    torch.stack(sizes).mean(0), atol=1e-12, rtol=0)
