@@ -19,6 +19,14 @@ fairseq_dnas/analysis/faithfulness.py and docs/analysis.md.
     faithfulness.py --from-json FILE [FILE ...] --plot FIGURE.png [--labels NAME ...]
         The summary and the picture from --json files written before.
 
+Discrete encoders (argmax attention at inference: roberta_discrete_single,
+roberta_discrete) also report the receptive field of <s>, the position the
+classification head reads: its mean size per layer over the sentences, in
+positions and as a fraction of the sentence's length (<s> and </s>
+included), as `receptive_field_size` and `receptive_field_fraction` in the
+summary line, and per sentence in --json as `receptive_field`, the positions
+(indices into `tokens`) of the final layer's field.
+
 --attention picks the stream of a two-stream encoder ('model': the model
 stream's S, 'controller': the controller's A); a single-stream encoder has
 one attention, used for both. Bad input (a missing file, a label the model
@@ -57,6 +65,7 @@ def measure(checkpoint, args):
     # Batches of similar lengths (less padding; the numbers do not depend on it).
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     out = [None] * len(rows)
+    field_sizes = []  # discrete encoders: per example, |r(<s>, l)| for every layer l
     for start in range(0, len(order), args.batch):
         idx = order[start:start + args.batch]
         x = sentence_classify.pad_batch([rows[i] for i in idx], pad)
@@ -71,11 +80,17 @@ def measure(checkpoint, args):
             out[i] = {"index": i, "tokens": rows[i].tolist(), "attention": a, "importance": g,
                       "tau": F.kendall_tau(a, g), "label": known[int(gold[i])],
                       "prediction": known[int(r["prediction"][b])]}
+            if r["receptive_field"] is not None:
+                field = r["receptive_field"][:, b, :len(rows[i])]  # (L, T): padding is never in it
+                out[i]["receptive_field"] = field[-1].nonzero().flatten().tolist()
+                field_sizes.append((field.sum(-1).tolist(), len(rows[i])))
     seconds = time.time() - t0
     summary = F.summarize([o["tau"] for o in out], gold, [known.index(o["prediction"]) for o in out])
     summary.update({"checkpoint": checkpoint, "test": args.test, "attention": args.attention,
                     "importance": args.importance, "seconds": round(seconds, 2),
                     "threads": torch.get_num_threads()})
+    if field_sizes:
+        summary.update(F.receptive_field_summary(field_sizes))
     return summary, out, encoder_scheme(model)
 
 
@@ -112,6 +127,10 @@ def report(label, s):
     print(f"{label}: {s['n']} sentences, accuracy {100 * s['accuracy']:.1f}%, Kendall tau "
           f"{s['tau_mean']:.3f} +- {s['tau_std']:.3f} (std), {s['left_out']} left out (tau undefined)"
           + (f", {s['seconds']:.1f} s" if "seconds" in s else ""), file=sys.stderr)
+    if "receptive_field_size" in s:
+        print(f"{label}: receptive field of <s> per layer (mean over sentences): "
+              + ", ".join(f"{n:.2f}" for n in s["receptive_field_size"]) + " positions, "
+              + ", ".join(f"{q:.3f}" for q in s["receptive_field_fraction"]) + " of the length", file=sys.stderr)
     print(json.dumps({"label": label, **s}))
 
 

@@ -50,7 +50,13 @@ def _tsv(path, n, rng, header=True):
 def tiny(tmp_path_factory):
     """A generated set, the recipe's data steps, and three tiny classifiers
     (roberta, roberta_hnas, the two-stream roberta_discrete) trained for a few updates."""
-    root = tmp_path_factory.mktemp("faithfulness")
+    return train_classifiers(tmp_path_factory.mktemp("faithfulness"), ("roberta", "roberta_hnas", "roberta_discrete"))
+
+
+def train_classifiers(root, archs, extra=()):
+    """The generated set under ``root`` and a tiny classifier per arch (10
+    updates, ``extra`` flags added): {'root', 'files', 'data', 'ckpt': {arch:
+    path}, 'logs': {arch: fairseq-train's output}}."""
     rng = random.Random(0)
     files = {split: root / f"{split}.tsv" for split in ("train", "dev", "test")}
     for (split, path), n in zip(files.items(), (160, 24, 30)):
@@ -68,16 +74,18 @@ def tiny(tmp_path_factory):
     for part, ext in (("input0", "sp"), ("label", "label")):
         run(["fairseq-preprocess", "--only-source", "--trainpref", text / f"train.{ext}", "--validpref",
              text / f"valid.{ext}", "--testpref", text / f"test.{ext}", "--destdir", data / part, "--workers", "1"])
-    ckpt = {}
-    for arch in ("roberta", "roberta_hnas", "roberta_discrete"):
+    ckpt, logs = {}, {}
+    for arch in archs:
         save = root / arch
-        run(["fairseq-train", data, "--user-dir", USER_DIR, "--task", "sentence_prediction",
+        proc = run(["fairseq-train", data, "--user-dir", USER_DIR, "--task", "sentence_prediction",
              "--criterion", "sentence_prediction", "--num-classes", "2", "--init-token", "0",
              "--separator-token", "2", "--arch", arch, *TINY, "--cpu", "--optimizer", "adam", "--lr", "3e-3",
              "--batch-size", "16", "--max-update", "10", "--no-progress-bar", "--seed", "1",
-             "--no-epoch-checkpoints", "--dropout", "0.1", "--attention-dropout", "0.1", "--save-dir", save])
+             "--no-epoch-checkpoints", "--dropout", "0.1", "--attention-dropout", "0.1", "--save-dir", save,
+             *extra])
         ckpt[arch] = save / "checkpoint_last.pt"
-    return {"root": root, "files": files, "data": data, "ckpt": ckpt}
+        logs[arch] = proc.stdout + proc.stderr
+    return {"root": root, "files": files, "data": data, "ckpt": ckpt, "logs": logs}
 
 
 # --- pure functions -----------------------------------------------------------

@@ -28,6 +28,12 @@ layer's attention by stream name. A single-stream encoder has one attention
 whose layers report several streams is read by name: ``'model'`` (the
 model stream's S, the attention that combines the values the prediction
 reads) or ``'controller'`` (the controller's A).
+
+Discrete encoders (argmax attention at inference, ``receptive_field``): the
+batch also gives the receptive field of the position the classification
+head reads (``<s>``, position 0) after every layer, from the model stream's
+S whatever ``attention`` says; the gradient importance is exactly 0 outside
+it (tests/test_receptive_field.py).
 """
 
 from typing import Dict, List, Optional, Sequence
@@ -36,9 +42,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_dnas.analysis import receptive_field as RF
 from fairseq_dnas.analysis.capture import EncoderAttention, encoder_stack
 
 IMPORTANCE_FORMS = ("grad", "grad-x-input")
+HEAD_POSITION = 0  # fairseq's classification head reads the first token (<s>)
 ATTENTION_STREAMS = ("model", "controller")
 
 
@@ -138,7 +146,9 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
 
     {'probs': (B, C) class probabilities, 'prediction': (B,),
      'real': (B, T) bool, 'attention': (B, T) a_j,
-     'importance': {form: (B, T) g_j for each of IMPORTANCE_FORMS}}
+     'importance': {form: (B, T) g_j for each of IMPORTANCE_FORMS},
+     'receptive_field': (L, B, T) bool, the field of position 0 after every
+     layer, for a discrete encoder (else None)}
     (a_j and g_j are 0 outside the real positions).
     """
     if model.training:
@@ -163,9 +173,14 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
     a = attention_received([pick_stream(named, attention) for named in layers], padding, special)
     real = real_positions(padding, special)
     e = keep.value.detach()
+    field = None
+    if RF.is_discrete_encoder(model):  # the values reach h through the model stream's S
+        samples = [pick_stream(named, "model") for named in layers]
+        field = RF.field_of(RF.receptive_fields(samples, padding), HEAD_POSITION)
     return {
         "probs": probs.detach(), "prediction": prediction, "real": real, "attention": a,
         "importance": {form: importance(grad, e, form) * real.to(e.dtype) for form in IMPORTANCE_FORMS},
+        "receptive_field": field,
     }
 
 
@@ -245,3 +260,13 @@ def summarize(taus: List[Optional[float]], gold: Sequence[int], pred: Sequence[i
     out = tau_summary(taus)
     out["accuracy"] = float((gold == pred).mean()) if len(gold) else float("nan")
     return {k: out[k] for k in ("n", "accuracy", "tau_mean", "tau_std", "left_out")}
+
+
+def receptive_field_summary(per_example) -> dict:
+    """From (sizes per layer, length) per sentence: the mean over sentences
+    of |r(<s>, l)| and of |r(<s>, l)| / length, per layer l (bottom first);
+    length counts every position fed to the model, <s> and </s> included."""
+    sizes = np.array([s for s, _ in per_example], dtype=np.float64)  # (N, L)
+    lengths = np.array([n for _, n in per_example], dtype=np.float64)[:, None]
+    return {"receptive_field_size": sizes.mean(0).tolist(),
+            "receptive_field_fraction": (sizes / lengths).mean(0).tolist()}

@@ -25,6 +25,7 @@ from fairseq_dnas.models.discrete_args import (
     discrete_defaults,
     validate_discrete_args,
 )
+from fairseq_dnas.models.receptive_field_penalty import RobertaPenaltyMixin, attach_to_task
 from fairseq_dnas.models.roberta_dnas import DNASRobertaEncoder, build_roberta, small_architecture
 from fairseq_dnas.modules.discrete_layers import DiscreteTransformerEncoder
 
@@ -36,7 +37,7 @@ class DiscreteRobertaEncoder(DNASRobertaEncoder):
 
 
 @register_model("roberta_discrete_single")
-class RobertaDiscreteSingleModel(RobertaModel):
+class RobertaDiscreteSingleModel(RobertaPenaltyMixin, RobertaModel):
     """fairseq's RoBERTa with discrete self-attention in every layer."""
 
     @staticmethod
@@ -49,6 +50,7 @@ class RobertaDiscreteSingleModel(RobertaModel):
         model = build_roberta(cls, args, task, DiscreteRobertaEncoder,
                               roberta_discrete_single_architecture, validate_discrete_args)
         apply_temperature(model, args, 0, log=False)
+        attach_to_task(task, args)
         return model
 
     def attention_modules(self):

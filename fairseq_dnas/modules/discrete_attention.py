@@ -63,6 +63,10 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         self.sampler, self.discrete_scheme, self.gumbel_hard = sampler, scheme, hard
         self.gumbel_temperature = float(temperature)
         self.sinkhorn_iters = sinkhorn_iters
+        # --receptive-field-penalty: the model asks for the S of each forward
+        # (with its graph) to build the penalty from (``discrete_args``).
+        self.keep_sample = False
+        self.kept_sample: Optional[Tensor] = None
 
     def extra_repr(self):
         s = f"sampler={self.sampler}, scheme={self.discrete_scheme}, heads={self.num_heads}"
@@ -113,7 +117,8 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         """The training hot path (relaxed sample of softmax(L), weights not
         asked for) runs through torch's fused attention, ``gumbel_attention``."""
         return (self.training and self.sampler == "gumbel" and not self.gumbel_hard
-                and self.discrete_scheme == "unas" and not need_weights and beam == 1)
+                and self.discrete_scheme == "unas" and not need_weights and beam == 1
+                and not self.keep_sample)  # the fused kernel keeps no S
 
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
                 key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
@@ -200,6 +205,8 @@ class DiscreteMultiheadAttention(MultiheadAttention):
             query_padding_mask=key_padding_mask if self.discrete_scheme == "dnas" else None,
             sinkhorn_iters=self.sinkhorn_iters,
         )
+        if self.keep_sample:
+            self.kept_sample = probs  # (B, H, T_q, T_k), for the receptive-field penalty
         s = self.dropout_module(probs.to(v.dtype))  # attention dropout on S, as fairseq on softmax(L)
         if beam == 1:
             out = torch.bmm(s.view(bsz * heads, tgt_len, src_len), v)  # (B * H, T_q, D)

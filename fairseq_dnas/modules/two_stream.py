@@ -114,6 +114,10 @@ class TwoStreamAttention(MultiheadAttention):
         self.gumbel_temperature = gumbel_temperature  # set per update by the model's set_num_updates
         self.gumbel_hard = gumbel_hard
         self.attention_tap = AttentionTap()
+        # --receptive-field-penalty: the model asks for the S of each forward
+        # (with its graph) to build the penalty from (``discrete_args``).
+        self.keep_sample = False
+        self.kept_sample: Optional[Tensor] = None
 
     def _keys_and_values(self, key, model_key, incremental_state, static_kv):
         """K, V (controller) and V' (model stream), (B, H, Tk, d), with the
@@ -172,6 +176,8 @@ class TwoStreamAttention(MultiheadAttention):
                 tau=self.gumbel_temperature, hard=self.gumbel_hard, training=self.training,
                 sampler=self.sampler, scheme=self.scheme, sinkhorn_iters=self.sinkhorn_iters,
             ).to(q.dtype)
+        if self.keep_sample:
+            self.kept_sample = sample  # (B, H, T_q, T_k), for the receptive-field penalty
         h_out = self.model_out_proj(merge_heads(torch.matmul(sample, vm)))  # W_o^h S v'
         self.attention_tap(probs, sample)  # identity; what the analysis hooks read
         return g_out, h_out, probs, sample
