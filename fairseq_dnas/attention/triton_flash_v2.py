@@ -1,0 +1,559 @@
+"""DNAS/HNAS attention as Triton kernels, second version: four launches a step.
+
+Selected by ``FAIRSEQ_DNAS_TRITON_KERNELS=v2`` (``kernels.triton_kernels``,
+the one place that chooses; ``auto`` keeps ``triton_flash.py``, v1, until a
+GPU has timed this file's kernels faster). Same function, same interface
+(``triton_attention``), same dropout mask (``triton_common._dropout_bytes``,
+a function of (seed, batch * head, i, j) only) as v1; Sinkhorn iterations > 1
+stay on v1. Equations: ``docs/math.md#the-triton-kernels-pass-by-pass``;
+notation as in ``triton_flash.py`` (s = q_i . k_j, c the DNAS column
+normalizer, r the row log-sum-exp, pi_D = exp(s - c - r_d), xi = exp(s - c),
+G = Z' (dO_i . v_j), E_D, E_U the D_i of flash attention per part).
+
+What changes against v1 (issue 28):
+
+- Launches. v1 runs 5 kernels and 8 (DNAS) or 9 (HNAS) computing torch
+  operations a step (a dummy zeros, the query mean's mask negation, cast, sum,
+  clamp, division and matmul, HNAS's du sum). Here: 4 kernels, and only the
+  seed draw with dropout: the query mean rides in the column pass, D_i in
+  the kv pass, du's sum in the q pass; no buffer is zeroed, nothing is cast
+  (``tests/test_triton_v2.py`` counts them with ``launches.count_launches``).
+- The backward's dk has one accumulator. v1's kv loop accumulated
+  sum_i t q_i and sum_i xi q_i side by side because dc[j] is known only at
+  its end. Here the column pass, which already sweeps every query of a key
+  block, also accumulates X_j = sum_i xi[i, j] (q_i - mu) (an online
+  column softmax with the queries as values), so that
+      dk_j = sum_i t[i, j] (q_i - mu) + dc[j] X_j  (+ tu[j] mu, HNAS)
+  and the kv loop is the tutorial's dk/dv loop: four matmuls, two
+  accumulators (v1: five and three).
+- dq without atomics: the q pass stays (three matmuls). The alternative,
+  FlashAttention-2's atomic dq with a key-major pre-pass for dc, spends one
+  matmul fewer per block pair but needs a zeroed float32 dq buffer and a
+  cast back to the input dtype (two more launches: 6 with dropout, over the
+  budget of 5) and is not deterministic; this shape is deterministic by
+  construction (``torch.use_deterministic_algorithms(True)`` changes
+  nothing here, and the test checks bitwise repeatability under it).
+- q centred once per head: the column pass's first program of each head
+  writes qc = q - mu (mu the mean real query, rounded once to the input
+  dtype) and the kv pass reads it for dk, instead of v1's rebuilding and
+  converting it every iteration. Scores are still q . k with the raw q
+  (half-precision products are exact in float32), so DNAS and HNAS see no
+  rounding of qc and the UNAS half needs no key bias mu . k_j.
+- The exp2 domain: scores are scaled once by log2(e) (``LOG2E``) after
+  their matmul and every normalizer (c2, r2) is kept in log2 units, so each
+  probability is one ex2 (v1: a multiply and an ex2 inside tl.exp).
+
+Passes (one program per block; grid and offsets as v1, ``triton_common``):
+    1. ``_column_kernel`` (key block): mu (a first sweep over the queries),
+       c2[j] = log2 sum_i 2^(s2[i, j]) over real queries, X_j; writes qc
+       (first key block only).
+    2. ``_forward_kernel`` (query block): as v1's, in log2 units.
+    3. ``_backward_kv_kernel`` (key block): E_D, E_U from dO and the outputs
+       (written by the first key block for pass 4), dv, dc, dk, du's partial
+       sum per key block.
+    4. ``_backward_q_kernel`` (query block): dq; the first query block of
+       batch 0 sums du for its head.
+"""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fairseq_dnas.attention.functional import check_sinkhorn_iters
+from fairseq_dnas.attention.triton_common import (
+    NEG_INIT,
+    _block_d,
+    _dropout_bytes,
+    _dropout_scale,
+    _dropped,
+    _load_tile,
+    _offsets,
+    _precision,
+    _program,
+    _real,
+    _store_tile,
+    _strides,
+    _threshold_pair,
+    _tiles,
+    dropout_threshold,
+    effective_dropout_p,  # noqa: F401 (the same rate as v1: tests read it here)
+    grid,
+    needs_int64,
+    on_device,
+)
+from fairseq_dnas.attention.triton_flash import dropout_mask, new_seed  # noqa: F401 (the same mask as v1)
+
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+# --------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _column_kernel(
+    Q, K, C2, XC, QC, MU, QPAD, KPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
+    H, TQ, TK, D,
+    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """For one key block: c2[j] = log2 sum_{i real} 2^(s2[i, j]) (s2 = s log2 e;
+    +inf at padded keys and keys no real query sees, so that 2^(s2 - c2) = 0
+    there with no mask later) and X_j = sum_i xi[i, j] qc_i (0 there). The
+    mean real query mu comes from a first sweep (every program computes it
+    the same way, so all agree bit for bit); the first key block writes MU
+    and QC = q - mu in the dtype of q, which the kv pass reads."""
+    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
+    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
+    q_base = Q + b * sq_b + h * sq_h
+    total = tl.zeros([BLOCK_D], tl.float32)
+    count = tl.zeros([BLOCK_M], tl.float32)
+    for start_m in range(0, TQ, BLOCK_M):  # sweep 1: the mean real query
+        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+        total += tl.sum(_load_tile(q_base, offs_m, offs_d, sq_t, sq_d, real_q, D).to(tl.float32), 0)
+        count += real_q.to(tl.float32)
+    mu = total / tl.maximum(tl.sum(count, 0), 1.0)
+    first = pid_n == 0
+    if first:
+        tl.store(MU + bh * D + offs_d, mu, mask=offs_d < D)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    m = tl.full([BLOCK_N], NEG_INIT, tl.float32)
+    l = tl.zeros([BLOCK_N], tl.float32)
+    x = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, TQ, BLOCK_M):  # sweep 2: the online column softmax, queries as values
+        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+        q = _load_tile(q_base, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)
+        if first:  # stored contiguous (B, H, T_q, D)
+            tl.store(QC + (bh * TQ + offs_m[:, None]) * D + offs_d[None, :], qc,
+                     mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D))
+        s2 = tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E  # (N, M)
+        s2 = tl.where(real_q[None, :], s2, float("-inf"))  # padded queries stay out of c
+        m_new = tl.maximum(m, tl.max(s2, 1))
+        p = tl.exp2(s2 - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, 1)
+        x = x * alpha[:, None] + tl.dot(p.to(q.dtype), qc, input_precision=PRECISION)
+        m = m_new
+    ok = _real(KPAD, b, offs_n, TK, HAS_PAD) & (l > 0)
+    l = tl.where(ok, l, 1.0)
+    tl.store(C2 + bh * TK + offs_n, tl.where(ok, m + tl.log2(l), float("inf")), mask=offs_n < TK)
+    x = tl.where(ok[:, None], x / l[:, None], 0.0)
+    tl.store(XC + (bh * TK + offs_n[:, None]) * D + offs_d[None, :], x,
+             mask=(offs_n[:, None] < TK) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _online_softmax_step(m, l, acc, s2, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of an online softmax in log2 units: running row max m,
+    row sum l of 2^(s2 - m) and accumulator sum_j 2^(s2_j - m) Z_j v_j."""
+    m_new = tl.maximum(m, tl.max(s2, 1))
+    p = tl.exp2(s2 - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
+    l = l * alpha + tl.sum(p, 1)
+    p = p.to(v.dtype)
+    if DROPOUT:
+        p = _dropped(p, byte, t_pair)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
+def _finish_rows(m, l, acc, real_q, scale, R2, bh, offs_m, TQ):
+    """Normalized output rows (0 where a row has no weight) and the row
+    log2-sum-exp written to R2 (+inf there, which zeroes the row in the
+    backward without a mask)."""
+    ok = real_q & (l > 0)
+    l = tl.where(ok, l, 1.0)
+    tl.store(R2 + bh * TQ + offs_m, tl.where(ok, m + tl.log2(l), float("inf")), mask=offs_m < TQ)
+    return tl.where(ok[:, None], acc * (scale / l)[:, None], 0.0)
+
+
+@triton.jit
+def _forward_kernel(
+    Q, K, V, C2, U, SEED, OUT, OD, RD, RU, QPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    so_b, so_h, so_t, so_d,
+    H, TQ, TK, D, drop_threshold,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """out = pi V for one query block: DNAS, the softmax of s2 - c2, and for
+    HNAS the UNAS softmax of s2 in a second accumulator (step 5, Eq. 12);
+    row normalizers RD, RU in log2 units."""
+    pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
+    offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
+    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    t_pair = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+        t_pair = _threshold_pair(drop_threshold)
+    m_d = tl.full([BLOCK_M], NEG_INIT, tl.float32)
+    l_d = tl.zeros([BLOCK_M], tl.float32)
+    acc_d = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if HYBRID:
+        m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
+        l_u = tl.zeros([BLOCK_M], tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, TK, BLOCK_N):
+        offs_n = _offsets(start_n, BLOCK_N, INT64)
+        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+        c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))  # inf: padded key
+        s2 = tl.dot(q, tl.trans(k), input_precision=PRECISION) * LOG2E  # (M, N)
+        byte = None
+        if DROPOUT:
+            byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
+        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s2 - c2[None, :], v, byte, t_pair,
+                                               DROPOUT, PRECISION)
+        if HYBRID:  # UNAS: the same scores, padded keys (c2 = inf) left out
+            s_u = tl.where(c2[None, :] < float("inf"), s2, float("-inf"))
+            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
+    scale = 1.0
+    if DROPOUT:
+        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
+    o_d = _finish_rows(m_d, l_d, acc_d, real_q, scale, RD, bh, offs_m, TQ)
+    if HYBRID:
+        u = tl.load(U + h)
+        o_u = _finish_rows(m_u, l_u, acc_u, real_q, scale, RU, bh, offs_m, TQ)
+        _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
+        out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
+    else:
+        out = o_d
+    _store_tile(OUT + b * so_b + h * so_h, out.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
+
+
+# --------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, so_d, sdo_b, sdo_h, sdo_t, sdo_d,
+               D, HYBRID: tl.constexpr):
+    """(dO tile, E_D, E_U) of rows offs_m: E_D = u dO_i . O_D,i and
+    E_U = dO_i . out_i - E_D (DNAS: E_D = dO_i . out_i); 0 at padded rows."""
+    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+    out = _load_tile(OUT + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D)
+    delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
+    if HYBRID:
+        o_d = _load_tile(OD + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D)
+        e_d = u * tl.sum(do.to(tl.float32) * o_d.to(tl.float32), 1)
+        e_u = delta - e_d
+    else:
+        e_d = delta
+        e_u = delta
+    return do, e_d, e_u
+
+
+@triton.jit
+def _backward_kv_kernel(
+    Q, QC, K, V, C2, XC, MU, U, SEED, DO, OUT, OD, RD, RU, ED, EU, DK, DV, DC, DU, KPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d, so_b, so_h, so_t, so_d, sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d,
+    H, TQ, TK, D, drop_threshold,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr,
+    PRECISION: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dk, dv, dc and this block's share of dL/du for one key block; tiles
+    held transposed, (keys, queries):
+        t[i, j]  = pi_D (u G - E_D)           dc[j] = -sum_i t[i, j]
+        dv_j     = sum_i Z' pi_H[i, j] dO_i
+        dk_j     = sum_i (t + t_U)[i, j] qc_i + dc[j] X_j + (sum_i t_U[i, j]) mu
+    (t_U = pi_U ((1 - u) G - E_U), HNAS), since ds = t + xi dc + t_U and
+    sum_i xi[i, j] qc_i = X_j (column pass), sum_i (t + xi dc)[i, j] = 0.
+    The first key block writes E_D, E_U for the q pass."""
+    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
+    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
+    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+    c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+    u = 1.0
+    if HYBRID:
+        u = tl.load(U + h)
+    t_pair = 0
+    scale = 1.0
+    if DROPOUT:  # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
+        seed = tl.load(SEED)
+        scale = _dropout_scale(drop_threshold)
+        t_pair = _threshold_pair(drop_threshold)
+    u_g = u * scale
+    first = pid_n == 0
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (t + t_U)[i, j] qc_i
+    dc = tl.zeros([BLOCK_N], tl.float32)
+    du = tl.zeros([BLOCK_N], tl.float32)
+    tu = tl.zeros([BLOCK_N], tl.float32)
+    for start_m in range(0, TQ, BLOCK_M):
+        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+        real_q = r_d < float("inf")  # padded queries have r_d = +inf
+        do, e_d, e_u = _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, so_d,
+                                  sdo_b, sdo_h, sdo_t, sdo_d, D, HYBRID)
+        if first:
+            tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
+            if HYBRID:
+                tl.store(EU + bh * TQ + offs_m, e_u, mask=offs_m < TQ)
+        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        qc = tl.load(QC + (bh * TQ + offs_m[:, None]) * D + offs_d[None, :],
+                     mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D), other=0.0)
+        s2 = tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E  # (N, M)
+        p_d = tl.exp2(s2 - c2[:, None] - r_d[None, :])  # pi_D^T, 0 at padded keys and queries
+        g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
+        if DROPOUT:
+            byte = _dropout_bytes(seed, bh, offs_m, pid_n * BLOCK_N, TK, BLOCK_N, True)  # (N, M)
+            g = _dropped(g, byte, t_pair)  # G / scale
+        t = p_d * (u_g * g - e_d[None, :])
+        dc -= tl.sum(t, 1)
+        if HYBRID:
+            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            p_u = tl.where(real_k[:, None], tl.exp2(s2 - r_u[None, :]), 0.0)
+            t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
+            tu += tl.sum(t_u, 1)
+            t += t_u
+            du += tl.sum(g * (p_d - p_u), 1)  # dL/du = <G, pi_D - pi_U> (times scale at the end)
+            p = u * p_d + (1.0 - u) * p_u
+        else:
+            p = p_d
+        p = p.to(do.dtype)
+        if DROPOUT:
+            p = _dropped(p, byte, t_pair)
+        dv += tl.dot(p, do, input_precision=PRECISION)
+        dk += tl.dot(t.to(qc.dtype), qc, input_precision=PRECISION)
+    x = tl.load(XC + (bh * TK + offs_n[:, None]) * D + offs_d[None, :],
+                mask=(offs_n[:, None] < TK) & (offs_d[None, :] < D), other=0.0)
+    dk += dc[:, None] * x
+    if HYBRID:  # the UNAS part does not sum to 0 over i: its sum times mu
+        mu = tl.load(MU + bh * D + offs_d, mask=offs_d < D, other=0.0)
+        dk += tu[:, None] * mu[None, :]
+    if DROPOUT:
+        dv *= scale
+        du *= scale
+    _store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs_n, offs_d, sdk_t, sdk_d, TK, D)
+    _store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs_n, offs_d, sdv_t, sdv_d, TK, D)
+    tl.store(DC + bh * TK + offs_n, dc, mask=offs_n < TK)
+    if HYBRID:
+        tl.store(DU + bh * tl.cdiv(TK, BLOCK_N) + pid_n, tl.sum(du, 0))
+
+
+@triton.jit
+def _backward_q_kernel(
+    Q, K, V, C2, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
+    B, H, TQ, TK, D, drop_threshold,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_BLOCK_N: tl.constexpr,
+):
+    """dq_i = sum_j ds[i, j] k_j for one query block,
+        ds = pi_D (u G - E_D + exp(r_d) dc) [+ pi_U ((1 - u) G - E_U)]
+    (xi = pi_D exp(r_d)), ds rounded to the input dtype only for the matmul
+    (its float16 bound: ``triton_flash._backward_q_kernel``). The first query
+    block of batch 0 adds up dL/du of its head from the kv pass's partial
+    sums (B x key blocks, a fixed order: deterministic)."""
+    pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
+    offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
+    r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+    real_q = r_d < float("inf")
+    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+    e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+    exp_r = tl.where(real_q, tl.exp2(r_d), 0.0)  # xi / pi_D = exp(r_d); not 0 * inf at padded rows
+    u = 1.0
+    if HYBRID:
+        u = tl.load(U + h)
+        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+        e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+    t_pair = 0
+    scale = 1.0
+    if DROPOUT:
+        seed = tl.load(SEED)
+        scale = _dropout_scale(drop_threshold)
+        t_pair = _threshold_pair(drop_threshold)
+    u_g = u * scale
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    n_end = TK
+    if DROPOUT:  # at least one pass: see triton_flash._backward_q_kernel (keeps wgmma unserialized)
+        n_end = tl.maximum(TK, 1)
+    for start_n in range(0, n_end, BLOCK_N):
+        offs_n = _offsets(start_n, BLOCK_N, INT64)
+        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+        c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+        dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+        s2 = tl.dot(q, tl.trans(k), input_precision=PRECISION) * LOG2E  # (M, N)
+        p_d = tl.exp2(s2 - c2[None, :] - r_d[:, None])
+        g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)
+        ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
+        if HYBRID:
+            p_u = tl.where(c2[None, :] < float("inf"), tl.exp2(s2 - r_u[:, None]), 0.0)
+            ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
+    if HYBRID:
+        if (pid_m == 0) & (b == 0):
+            blocks = tl.cdiv(TK, KV_BLOCK_N)
+            total = tl.zeros([KV_BLOCK_N], tl.float32)
+            for bb in range(0, B):
+                for start in range(0, blocks, KV_BLOCK_N):
+                    offs = start + tl.arange(0, KV_BLOCK_N)
+                    total += tl.load(DU_PART + (bb * H + h) * blocks + offs, mask=offs < blocks, other=0.0)
+            tl.store(DU + h, tl.sum(total, 0))
+
+
+# --------------------------------------------------------------------------
+# Launchers and autograd
+# --------------------------------------------------------------------------
+
+
+def _output_buffer(q: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, H, T, D) laid out as (T, B, H, D), as v1's (a view for fairseq's reshape)."""
+    b, h, t, d = q.shape
+    return q.new_empty((t, b, h, d), dtype=dtype).permute(1, 2, 0, 3)
+
+
+def _pad_ptr(pad: Optional[Tensor], like: Tensor) -> Tensor:
+    """(B, T) bool as uint8 (a view); without padding any tensor: the kernels
+    never read it (HAS_PAD False), so no zeros are written for it."""
+    return like if pad is None else pad.contiguous().view(torch.uint8)
+
+
+def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
+    bsz, heads, tq, d = q.shape
+    tk = k.shape[2]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    threshold = dropout_threshold(p_drop)
+    hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
+    c2 = torch.empty((bsz, heads, tk), **f32)
+    xc = torch.empty((bsz, heads, tk, d), **f32)
+    qc = torch.empty((bsz, heads, tq, d), dtype=q.dtype, device=q.device)
+    mu = torch.empty((bsz, heads, d), **f32)
+    r_d = torch.empty((bsz, heads, tq), **f32)
+    r_u = torch.empty((bsz, heads, tq), **f32) if hybrid else r_d
+    out = _output_buffer(q, v.dtype)
+    o_d = _output_buffer(q, v.dtype) if hybrid else out
+    qpad_arg, kpad_arg = _pad_ptr(qpad, q), _pad_ptr(kpad, q)
+    meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), INT64=needs_int64(q, k, v, out, xc),
+                BLOCK_D=_block_d(d))
+    with on_device(q):
+        bm, bn, warps, stages = _tiles("column", d, q.dtype)
+        _column_kernel[grid(tk, bn, bsz, heads)](
+            q, k, c2, xc, qc, mu, qpad_arg, kpad_arg, *_strides(q), *_strides(k), heads, tq, tk, d,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+        )
+        bm, bn, warps, stages = _tiles("forward", d, q.dtype)
+        _forward_kernel[grid(tq, bm, bsz, heads)](
+            q, k, v, c2, u if hybrid else c2, seed if dropout else c2, out, o_d, r_d, r_u, qpad_arg,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
+            HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+        )
+    return out, o_d, c2, xc, qc, mu, r_d, r_u
+
+
+def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d, r_u):
+    """dq, dk, dv (fresh buffers in the layouts of q, k, v) and du."""
+    bsz, heads, tq, d = q.shape
+    tk = k.shape[2]
+    threshold = dropout_threshold(p_drop)
+    hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
+    f32 = dict(dtype=torch.float32, device=q.device)
+    e_d = torch.empty((bsz, heads, tq), **f32)
+    e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
+    dc = torch.empty((bsz, heads, tk), **f32)
+    kv_m, kv_n, kv_warps, kv_stages = _tiles("backward_kv", d, q.dtype)
+    du_part = torch.empty((bsz, heads, triton.cdiv(tk, kv_n)), **f32) if hybrid else dc
+    du = torch.empty((heads,), **f32) if hybrid else dc
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    u_arg = u if hybrid else c2
+    seed_arg = seed if dropout else c2
+    flags = dict(HYBRID=hybrid, DROPOUT=dropout, PRECISION=_precision(q.dtype),
+                 INT64=needs_int64(q, k, v, do, out, dq, dk, dv, xc), BLOCK_D=_block_d(d))
+    with on_device(q):
+        _backward_kv_kernel[grid(tk, kv_n, bsz, heads)](
+            q, qc, k, v, c2, xc, mu, u_arg, seed_arg, do, out, o_d, r_d, r_u, e_d, e_u, dk, dv, dc, du_part,
+            _pad_ptr(kpad, q),
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *_strides(dk), *_strides(dv),
+            heads, tq, tk, d, threshold,
+            HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
+        )
+        bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
+        _backward_q_kernel[grid(tq, bm, bsz, heads)](
+            q, k, v, c2, u_arg, seed_arg, do, r_d, r_u, e_d, e_u, dc, dq, du_part, du,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+            bsz, heads, tq, tk, d, threshold,
+            BLOCK_M=bm, BLOCK_N=bn, KV_BLOCK_N=kv_n, num_warps=warps, num_stages=stages, **flags,
+        )
+    return dq, dk, dv, (du if hybrid else None)
+
+
+class TritonAttentionV2(torch.autograd.Function):
+    """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D): DNAS, or
+    HNAS when u (H,) is given; padded query rows give 0."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
+        u32 = None if u is None else u.detach().float().contiguous()
+        out, o_d, c2, xc, qc, mu, r_d, r_u = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
+        ctx.p_drop = p_drop
+        ctx.u_dtype = None if u is None else u.dtype
+        ctx.save_for_backward(q, k, v, u32, kpad, seed, out, o_d, c2, xc, qc, mu, r_d, r_u)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, u32, kpad, seed, out, o_d, c2, xc, qc, mu, r_d, r_u = ctx.saved_tensors
+        dq, dk, dv, du = _backward(do, q, k, v, u32, kpad, ctx.p_drop, seed, out, o_d, c2, xc, qc, mu, r_d, r_u)
+        du = None if du is None else du.to(ctx.u_dtype)
+        return dq, dk, dv, du, None, None, None, None
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    hybrid_weight: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    query_padding_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[Tensor] = None,
+    sinkhorn_iters: int = 1,
+) -> Tensor:
+    """``triton_flash.triton_attention`` on the v2 kernels (same arguments and
+    result, same dropout mask for the same seed); ``sinkhorn_iters`` > 1 runs
+    v1's kernels (``kernels.triton_kernels`` never sends them here)."""
+    check_sinkhorn_iters(sinkhorn_iters)
+    if sinkhorn_iters > 1:
+        from fairseq_dnas.attention import triton_flash
+
+        return triton_flash.triton_attention(
+            q, k, v, hybrid_weight=hybrid_weight, key_padding_mask=key_padding_mask,
+            query_padding_mask=query_padding_mask, dropout_p=dropout_p, seed=seed, sinkhorn_iters=sinkhorn_iters)
+    dropout_threshold(dropout_p)  # a probability, else ValueError
+    if (key_padding_mask is None) != (query_padding_mask is None):
+        bsz = q.shape[0]  # the kernels take both masks or none
+        if key_padding_mask is None:
+            key_padding_mask = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
+        else:
+            query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
+    if dropout_p > 0 and seed is None:
+        seed = new_seed(q.device)
+    return TritonAttentionV2.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,
+                                   float(dropout_p), seed)
