@@ -74,8 +74,9 @@ class Config:
         dtype = str(self.dtype).replace("torch.", "")
         if self.dtype == torch.float32 and self.tf32:
             dtype += " (TF32)"
-        return (f"{self.scheme} {dtype} ({self.kernels} kernels), head size {self.head_dim}, dropout {'on' if self.dropout else 'off'}, "
-                f"sinkhorn_iters {self.sinkhorn_iters}, padding {'on' if self.padding else 'off'}, {self.device}")
+        return (f"{self.scheme} {dtype}, head size {self.head_dim}, dropout {'on' if self.dropout else 'off'}, "
+                f"sinkhorn_iters {self.sinkhorn_iters}, padding {'on' if self.padding else 'off'}, {self.device}, "
+                f"{self.kernels} kernels")
 
 
 def config_of(q: Tensor, scheme: str, *, padding: bool, dropout: bool, sinkhorn_iters: int,
