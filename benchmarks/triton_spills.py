@@ -37,6 +37,8 @@ instructions come from.
     python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table (docs/results/)
     python benchmarks/triton_spills.py --cases fp16:64 --no-report
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
+    python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64,bf16:64,fp16:128,bf16:128
+                                                               # the v2 kernels (triton_flash_v2.py)
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
@@ -73,6 +75,9 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 from fairseq_dnas.attention import triton_flash as F  # noqa: E402
+from fairseq_dnas.attention import triton_flash_v2  # noqa: E402
+
+VERSIONS = {"v1": F, "v2": triton_flash_v2}  # FAIRSEQ_DNAS_TRITON_KERNELS's values (kernels.triton_kernels)
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 (warp size 32)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -127,7 +132,8 @@ class JitCapture:
 def capture(case, args, sinkhorn_iters):
     """The kernels' specializations of one (dtype, head size): the forward and
     backward of DNAS and HNAS, dropout 0 and 0.1, one and ``sinkhorn_iters``
-    Sinkhorn rounds, with padding, in the fairseq module's layout."""
+    Sinkhorn rounds, with padding, in the fairseq module's layout, on the
+    kernels of ``args.version`` (v2 runs v1's for Sinkhorn rounds)."""
     dtype, head = case
     torch_dtype = DTYPES[dtype]
     heads, length, bsz = max(args.hidden // head, 2), args.length, args.batch
@@ -148,7 +154,7 @@ def capture(case, args, sinkhorn_iters):
                                .view(length, bsz, heads, head).permute(1, 2, 0, 3).requires_grad_()
                                for _ in range(3))
                     u = torch.full((heads,), 0.5, requires_grad=True) if hybrid else None
-                    out = F.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
+                    out = VERSIONS[args.version].triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
                                              query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters)
                     out.float().sum().backward()
     finally:
@@ -292,6 +298,8 @@ def main(argv=None):
                    metavar="KERNEL=M,N,WARPS[,STAGES]", help="compile this tile instead of GPU_TILES' (repeatable)")
     p.add_argument("--sinkhorn", type=int, default=3, metavar="N",
                    help="also compile the Sinkhorn kernels with N rounds (default 3; 1: none)")
+    p.add_argument("--version", choices=tuple(VERSIONS), default="v1",
+                   help="which kernels: v1 (triton_flash.py, default) or v2 (triton_flash_v2.py)")
     p.add_argument("--length", type=int, default=100,
                    help="sequence length of the calls (default 100: not a multiple of 16, as most batches)")
     p.add_argument("--batch", type=int, default=8, help="sentences of the calls (default 8)")
