@@ -138,7 +138,10 @@ def capture(case, args, sinkhorn_iters):
     torch_dtype = DTYPES[dtype]
     heads, length, bsz = max(args.hidden // head, 2), args.length, args.batch
     saved = {k: dict(v) for k, v in F.GPU_TILES.items()}
+    saved_v2 = {k: dict(v) for k, v in triton_flash_v2.V2_GPU_TILES.items()}
     F.GPU_TILES[F.tile_case(head, torch_dtype)].update(args.tiles)
+    if args.version == "v2":  # v2's own entries take precedence over GPU_TILES: --tiles replaces them too
+        triton_flash_v2.V2_GPU_TILES.setdefault(F.tile_case(head, torch_dtype), {}).update(args.tiles)
     jit = JitCapture()
     original = JITFunction.run
     JITFunction.run = lambda kernel, *a, **kw: jit.run(kernel, *a, **kw)
@@ -162,6 +165,8 @@ def capture(case, args, sinkhorn_iters):
         for key, value in saved.items():
             F.GPU_TILES[key].clear()
             F.GPU_TILES[key].update(value)
+        triton_flash_v2.V2_GPU_TILES.clear()
+        triton_flash_v2.V2_GPU_TILES.update(saved_v2)
     return list(jit.jobs.values())
 
 

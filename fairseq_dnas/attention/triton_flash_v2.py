@@ -49,7 +49,7 @@ Passes (one program per block; grid and offsets as v1, ``triton_common``):
        (first key block only).
     2. ``_forward_kernel`` (query block): as v1's, in log2 units.
     3. ``_backward_kv_kernel`` (key block): E_D, E_U from dO and the outputs
-       (written by the first key block for pass 4), dv, dc, dk, du's partial
+       (every key block writes the same values, which pass 4 reads), dv, dc, dk, du's partial
        sum per key block.
     4. ``_backward_q_kernel`` (query block): dq; the first query block of
        batch 0 sums du for its head.
@@ -64,6 +64,7 @@ from torch import Tensor
 
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.attention.triton_common import (
+    INTERPRETED,
     NEG_INIT,
     _block_d,
     _dropout_bytes,
@@ -83,11 +84,30 @@ from fairseq_dnas.attention.triton_common import (
     grid,
     needs_int64,
     on_device,
+    tile_case,
 )
 from fairseq_dnas.attention.triton_flash import dropout_mask, new_seed  # noqa: F401 (the same mask as v1)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e)
-LN2 = tl.constexpr(0.6931471805599453)
+
+# v2's tiles where they differ from v1's (``triton_common.GPU_TILES``, which a
+# FAIRSEQ_DNAS_TRITON_TILES file tunes; these entries take precedence). The
+# key-major pass has two accumulators here, not three: in half precision a
+# 32 x 128 wgmma tile with one pipeline stage compiles for sm_90 without
+# spills (head size 64: 155 registers, 17.3 instructions a score for DNAS
+# against v1's 205 and 29.6; head size 128: 238 registers, 22.1 against
+# v1's 32 x 32 mma.sync at 99.5; docs/performance.md#the-v2-kernels).
+# Untimed: benchmarks/gpu_measure.sh STEPS=kernels times them.
+V2_GPU_TILES = {
+    ("half", 64): dict(backward_kv=(32, 128, 8, 1)),
+    ("half", 128): dict(backward_kv=(32, 128, 8, 1)),
+}
+
+
+def _v2_tiles(kernel: str, d: int, dtype: torch.dtype):
+    """(BLOCK_M, BLOCK_N, warps, stages) of a v2 kernel: ``V2_GPU_TILES``, else v1's."""
+    tile = None if INTERPRETED else V2_GPU_TILES.get(tile_case(d, dtype), {}).get(kernel)
+    return tuple(tile) if tile is not None else _tiles(kernel, d, dtype)
 
 
 # --------------------------------------------------------------------------
@@ -274,7 +294,8 @@ def _backward_kv_kernel(
         dk_j     = sum_i (t + t_U)[i, j] qc_i + dc[j] X_j + (sum_i t_U[i, j]) mu
     (t_U = pi_U ((1 - u) G - E_U), HNAS), since ds = t + xi dc + t_U and
     sum_i xi[i, j] qc_i = X_j (column pass), sum_i (t + xi dc)[i, j] = 0.
-    The first key block writes E_D, E_U for the q pass."""
+    Every key block first computes E_D, E_U of all queries into ED, EU (the
+    q pass reads them too)."""
     pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
     offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
@@ -292,22 +313,34 @@ def _backward_kv_kernel(
         scale = _dropout_scale(drop_threshold)
         t_pair = _threshold_pair(drop_threshold)
     u_g = u * scale
-    first = pid_n == 0
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (t + t_U)[i, j] qc_i
     dc = tl.zeros([BLOCK_N], tl.float32)
     du = tl.zeros([BLOCK_N], tl.float32)
     tu = tl.zeros([BLOCK_N], tl.float32)
+    # E_D, E_U of every query, before the loop over them: computed inside that loop, their row sums
+    # (laid out as the rows of dO) meet the score tiles' layout only through shared memory between the
+    # matmuls, and ptxas then serializes every wgmma (23 instructions a score instead of 19, fp16:64).
+    # Every key block writes the same bits (the same computation), so the buffer is exact whichever
+    # program's store lands last; the barrier makes this program's own stores visible to its threads.
     for start_m in range(0, TQ, BLOCK_M):
+        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        real_q = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf")) < float("inf")
+        _, e_d, e_u = _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, so_d,
+                                 sdo_b, sdo_h, sdo_t, sdo_d, D, HYBRID)
+        tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
+        if HYBRID:
+            tl.store(EU + bh * TQ + offs_m, e_u, mask=offs_m < TQ)
+    tl.debug_barrier()
+    m_end = TQ
+    if DROPOUT:  # at least one pass (adds 0 for T_q = 0: r_d = inf): see _backward_q_kernel
+        m_end = tl.maximum(TQ, 1)
+    for start_m in range(0, m_end, BLOCK_M):
         offs_m = _offsets(start_m, BLOCK_M, INT64)
         r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
         real_q = r_d < float("inf")  # padded queries have r_d = +inf
-        do, e_d, e_u = _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, so_d,
-                                  sdo_b, sdo_h, sdo_t, sdo_d, D, HYBRID)
-        if first:
-            tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
-            if HYBRID:
-                tl.store(EU + bh * TQ + offs_m, e_u, mask=offs_m < TQ)
+        do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+        e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         qc = tl.load(QC + (bh * TQ + offs_m[:, None]) * D + offs_d[None, :],
                      mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D), other=0.0)
@@ -321,6 +354,7 @@ def _backward_kv_kernel(
         dc -= tl.sum(t, 1)
         if HYBRID:
             r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
             p_u = tl.where(real_k[:, None], tl.exp2(s2 - r_u[None, :]), 0.0)
             t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
             tu += tl.sum(t_u, 1)
@@ -453,12 +487,12 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), INT64=needs_int64(q, k, v, out, xc),
                 BLOCK_D=_block_d(d))
     with on_device(q):
-        bm, bn, warps, stages = _tiles("column", d, q.dtype)
+        bm, bn, warps, stages = _v2_tiles("column", d, q.dtype)
         _column_kernel[grid(tk, bn, bsz, heads)](
             q, k, c2, xc, qc, mu, qpad_arg, kpad_arg, *_strides(q), *_strides(k), heads, tq, tk, d,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
-        bm, bn, warps, stages = _tiles("forward", d, q.dtype)
+        bm, bn, warps, stages = _v2_tiles("forward", d, q.dtype)
         _forward_kernel[grid(tq, bm, bsz, heads)](
             q, k, v, c2, u if hybrid else c2, seed if dropout else c2, out, o_d, r_d, r_u, qpad_arg,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
@@ -477,7 +511,7 @@ def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d,
     e_d = torch.empty((bsz, heads, tq), **f32)
     e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
     dc = torch.empty((bsz, heads, tk), **f32)
-    kv_m, kv_n, kv_warps, kv_stages = _tiles("backward_kv", d, q.dtype)
+    kv_m, kv_n, kv_warps, kv_stages = _v2_tiles("backward_kv", d, q.dtype)
     du_part = torch.empty((bsz, heads, triton.cdiv(tk, kv_n)), **f32) if hybrid else dc
     du = torch.empty((heads,), **f32) if hybrid else dc
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -493,7 +527,7 @@ def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d,
             heads, tq, tk, d, threshold,
             HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
         )
-        bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
+        bm, bn, warps, stages = _v2_tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
             q, k, v, c2, u_arg, seed_arg, do, r_d, r_u, e_d, e_u, dc, dq, du_part, du,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
