@@ -39,6 +39,7 @@ instructions come from.
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
     python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64,bf16:64,fp16:128,bf16:128
                                                                # the v2 kernels (triton_flash_v2.py)
+    python benchmarks/triton_spills.py --compare v1.json v2.json   # the before/after table of two --json runs
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
@@ -295,6 +296,41 @@ def markdown_table(rows):
     return "\n".join(out)
 
 
+KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "backward_q")
+
+
+def compare_table(before, after):
+    """Markdown: each kernel variant (without Sinkhorn) of two --json runs side
+    by side (e.g. --version v1 and v2): tile, registers, spills, instructions
+    a score in its loop (v1's column_lse is v2's column; a kernel one side
+    lacks shows '-')."""
+    def index(rows):
+        out = {}
+        for r in rows:
+            if r["flags"].get("SINKHORN"):
+                continue
+            kernel = r["kernel"].replace("column_lse", "column")
+            scheme = "both" if kernel == "column" else ("HNAS" if r["flags"].get("HYBRID") else "DNAS")
+            out[(r["case"], kernel, scheme, bool(r["flags"].get("DROPOUT")))] = r
+        return out
+
+    def cells(r):
+        if r is None:
+            return "- | - | - | -"
+        score = f"{r['per_score']:.1f}" if r["per_score"] else "-"
+        serial = " (wgmma serialized)" if r.get("serialized") else ""
+        return f"{r['tile']}/{r['warps']}w/{r['stages']}s {r['kind']} | {r['registers']} | {r['stack']} | {score}{serial}"
+
+    old, new = index(before), index(after)
+    keys = sorted(set(old) | set(new), key=lambda k: (k[0], KERNEL_ORDER.index(k[1]), k[2], k[3]))
+    out = ["| case | kernel | scheme | dropout | before: tile | registers | spills (B) | instr./score "
+           "| after: tile | registers | spills (B) | instr./score |", "|" + " --- |" * 12]
+    for key in keys:
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {'0.1' if key[3] else '0'} | {cells(old.get(key))} "
+                   f"| {cells(new.get(key))} |")
+    return "\n".join(out)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
@@ -324,7 +360,13 @@ def main(argv=None):
                         "what a block may use on sm_86/sm_89 GPUs)")
     p.add_argument("--max-dropout-ratio", type=float, metavar="X",
                    help="exit 1 if a kernel's loop with dropout has more than X times its instructions without")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
+                   help="only print the side-by-side table of two --json runs (e.g. --version v1 and v2)")
     args = p.parse_args(argv)
+    if args.compare:
+        before, after = (json.loads(Path(path).read_text())["rows"] for path in args.compare)
+        print(compare_table(before, after))
+        return 0
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
     args.tiles = dict(args.tiles)

@@ -66,6 +66,7 @@ from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.attention.triton_common import (
     INTERPRETED,
     NEG_INIT,
+    STAGES,
     _block_d,
     _dropout_bytes,
     _dropout_scale,
@@ -107,7 +108,9 @@ V2_GPU_TILES = {
 def _v2_tiles(kernel: str, d: int, dtype: torch.dtype):
     """(BLOCK_M, BLOCK_N, warps, stages) of a v2 kernel: ``V2_GPU_TILES``, else v1's."""
     tile = None if INTERPRETED else V2_GPU_TILES.get(tile_case(d, dtype), {}).get(kernel)
-    return tuple(tile) if tile is not None else _tiles(kernel, d, dtype)
+    if tile is None:
+        return _tiles(kernel, d, dtype)
+    return (*tile, STAGES) if len(tile) == 3 else tuple(tile)
 
 
 # --------------------------------------------------------------------------
