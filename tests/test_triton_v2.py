@@ -14,10 +14,12 @@ import sys
 import pytest
 import torch
 from conftest import padding_mask
+from reference import reference_self_attention
 from test_triton import TOL, _float64_autograd, _grad_tol
 
 from fairseq_dnas.attention import kernels, selfcheck, triton_common
 from fairseq_dnas.attention.launches import count_launches
+from fairseq_dnas.modules import DNASMultiheadAttention
 
 triton_flash = pytest.importorskip("fairseq_dnas.attention.triton_flash", reason="triton is not installed")
 from fairseq_dnas.attention import triton_flash_v2  # noqa: E402 (after the skip)
@@ -265,3 +267,52 @@ def test_the_check_command_runs_v2():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "kernels: v2" in r.stdout
     assert r.stdout.count(" ok") == 8  # dnas, hnas x dropout off, on x sinkhorn 1 (v2), 3 (v1)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_fairseq_module_on_the_v2_kernels(scheme, monkeypatch):
+    """The fairseq module with FAIRSEQ_DNAS_TRITON_KERNELS=v2 and the triton path:
+    output equal to the float64 reference, parameter gradients equal to the
+    materialized path's."""
+    monkeypatch.setenv(kernels.PATH_ENV, "triton")
+    monkeypatch.setenv(kernels.KERNELS_ENV, "v2")
+    calls = []
+    apply = triton_flash_v2.TritonAttentionV2.apply
+    monkeypatch.setattr(triton_flash_v2.TritonAttentionV2, "apply", lambda *a: calls.append(1) or apply(*a))
+    m = DNASMultiheadAttention(32, 2, scheme=scheme, hybrid_init=0.3).train().to(DEVICE)
+    x = torch.randn(20, 3, 32, device=DEVICE, requires_grad=True)
+    mask = padding_mask((20, 9, 1), 20, True).to(DEVICE)
+    out, _ = m(x, x, x, key_padding_mask=mask, need_weights=False)
+    assert calls, "the v2 kernels did not run"
+    real = ~mask.T
+    ref = reference_self_attention(m.cpu(), x.cpu(), mask.cpu())
+    m.to(DEVICE)
+    torch.testing.assert_close(out.double().cpu()[real.cpu()], ref[real.cpu()], atol=1e-5, rtol=0)
+    out[real].pow(2).sum().backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    monkeypatch.setenv(kernels.PATH_ENV, "materialized")
+    out2, _ = m(x, x, x, key_padding_mask=mask, need_weights=False)
+    out2[real].pow(2).sum().backward()
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host synchronization exists only with a GPU")
+def test_no_host_synchronization_on_the_gpu(monkeypatch):
+    """The v2 kernels through the fairseq module, training with attention
+    dropout: torch raises on any operation that waits for the GPU. (On CPU the
+    launch count above shows no `_local_scalar_dense`, the op behind .item().)"""
+    monkeypatch.delenv(kernels.PATH_ENV, raising=False)
+    monkeypatch.setenv(kernels.KERNELS_ENV, "v2")
+    m = DNASMultiheadAttention(64, 4, dropout=0.1, scheme="hnas").cuda().train()
+    x = torch.randn(37, 4, 64, device="cuda", requires_grad=True)
+    mask = padding_mask((37, 20, 1, 30), 37, True).cuda()
+    m(x, x, x, key_padding_mask=mask)  # warm-up: compiles the kernels, runs the first-use check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, _ = m(x, x, x, key_padding_mask=mask)
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
