@@ -88,6 +88,7 @@ from fairseq_dnas.attention import triton_sinkhorn
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: the tools read them here)
     DTYPES,
+    LOG2E,
     GPU_TILES,
     INTERPRETED,
     INTERPRETER_TILES,
@@ -100,6 +101,8 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
     _dropout_scale,
     _dropout_bytes,
     _dropped,
+    _exp,
+    _log,
     _keep,
     _load_tile,
     _offsets,
@@ -128,13 +131,15 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
 
 
 @triton.jit
-def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+                         EXP2: tl.constexpr = False):
     """One key block of an online softmax (FlashAttention): running row max m,
     row sum l of exp(s - m) (dropout does not change the normalizer) and
-    accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max."""
+    accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max
+    (EXP2: s in log2 units, powers of 2)."""
     m_new = tl.maximum(m, tl.max(s, 1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m - m_new)
+    p = _exp(s - m_new[:, None], EXP2)
+    alpha = _exp(m - m_new, EXP2)
     l = l * alpha + tl.sum(p, 1)
     p = p.to(v.dtype)
     if DROPOUT:  # on the rounded p, where a pair of keys is one 32-bit register (_dropped)
@@ -151,13 +156,16 @@ def _forward_kernel(
     H, TQ, TK, D, drop_threshold,
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
     INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EXP2: tl.constexpr = False,
 ):
     """out = pi V for one query block: DNAS (softmax with key bias -c), and for
     HNAS the UNAS softmax of the same scores in a second accumulator. OUT and
     OD share the strides so_*. Key padding comes with c (+inf at padded keys,
     ``_column_lse_kernel``): no mask is loaded in the loop. Rows with no
     weight (padded queries, no real key) get r = +inf, which zeroes their
-    probabilities in the backward kernels without a mask either."""
+    probabilities in the backward kernels without a mask either. EXP2 (the
+    v2 kernels, ``triton_flash_v2.py``): c and the r written in log2 units,
+    scores scaled by log2 e once after their matmul, powers of 2."""
     pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
     offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
@@ -181,14 +189,17 @@ def _forward_kernel(
         # c = +inf at padded keys and past T_k: s - c = -inf, weight 0
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
+        if EXP2:
+            s *= LOG2E
         byte = None
         if DROPOUT:
             byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
         # DNAS: softmax of s - c (step 4 as a key bias).
-        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT, PRECISION)
+        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT, PRECISION,
+                                               EXP2)
         if HYBRID:  # UNAS: softmax of the same scores (step 3), padded keys (c = inf) left out
             s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
-            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
+            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION, EXP2)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     if DROPOUT:
@@ -197,14 +208,14 @@ def _forward_kernel(
         scale = 1.0
     l_d = tl.where(ok_d, l_d, 1.0)
     o_d = tl.where(ok_d[:, None], acc_d * (scale / l_d)[:, None], 0.0)
-    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log(l_d), float("inf")), mask=offs_m < TQ)
+    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + _log(l_d, EXP2), float("inf")), mask=offs_m < TQ)
     out_base = OUT + b * so_b + h * so_h
     if HYBRID:
         u = tl.load(U + h)
         ok_u = real_q & (l_u > 0)
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
-        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), float("inf")), mask=offs_m < TQ)
+        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + _log(l_u, EXP2), float("inf")), mask=offs_m < TQ)
         _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
     else:
@@ -353,15 +364,20 @@ def _backward_kv_kernel(
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
-    H, TQ, TK, D, drop_threshold,
+    B, H, TQ, TK, D, drop_threshold,
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, SINKHORN: tl.constexpr,
     PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EXP2: tl.constexpr = False, SUM_DU: tl.constexpr = False, KV_BLOCK_N: tl.constexpr = 16,
 ):
     """dq_i = sum_j ds[i, j] k_j for one query block, with dc from the kv pass.
+
+    The v2 kernels (``triton_flash_v2.py``) run it with EXP2 (c and r in log2
+    units, powers of 2) and SUM_DU (``_sum_du``: dL/du added up here from the
+    kv pass's per-key-block sums, instead of a torch sum).
 
     ds is float32 and rounded to the input dtype only for the matmul. Bound
     (float16): with G_max = max |G| = max |dO_i . v_j| / (1 - p) (dO carries
@@ -389,7 +405,7 @@ def _backward_q_kernel(
         r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
         r_x = r_d
-    exp_r = tl.where(real_q, tl.exp(r_x), 0.0)  # not 0 * exp(inf) = NaN at padded rows
+    exp_r = tl.where(real_q, _exp(r_x, EXP2), 0.0)  # not 0 * exp(inf) = NaN at padded rows
     if HYBRID:
         u = tl.load(U + h)
         r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
@@ -417,17 +433,35 @@ def _backward_q_kernel(
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        p_d = tl.exp(s - c[None, :] - r_d[:, None])  # 0 at padded keys (c = inf) and queries (r_d = inf)
+        if EXP2:
+            s *= LOG2E
+        p_d = _exp(s - c[None, :] - r_d[:, None], EXP2)  # 0 at padded keys (c = inf) and queries (r_d = inf)
         g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
             g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
         ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
-            p_u = tl.where(c[None, :] < float("inf"), tl.exp(s - r_u[:, None]), 0.0)  # padded keys: 0
+            p_u = tl.where(c[None, :] < float("inf"), _exp(s - r_u[:, None], EXP2), 0.0)  # padded keys: 0
             ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
+    if SUM_DU:
+        if (pid_m == 0) & (b == 0):
+            _sum_du(DU_PART, DU, B, H, h, TK, KV_BLOCK_N)
+
+
+@triton.jit
+def _sum_du(DU_PART, DU, B, H, h, TK, KV_BLOCK_N: tl.constexpr):
+    """DU[h] = the sum of DU_PART[b, h, :] over b and the cdiv(TK, KV_BLOCK_N)
+    key blocks, in a fixed order (deterministic)."""
+    blocks = tl.cdiv(TK, KV_BLOCK_N)
+    total = tl.zeros([KV_BLOCK_N], tl.float32)
+    for bb in range(0, B):
+        for start in range(0, blocks, KV_BLOCK_N):
+            offs = start + tl.arange(0, KV_BLOCK_N)
+            total += tl.load(DU_PART + (bb * H + h) * blocks + offs, mask=offs < blocks, other=0.0)
+    tl.store(DU + h, tl.sum(total, 0))
 
 
 # --------------------------------------------------------------------------
@@ -536,9 +570,9 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
         )
         bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq,
+            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, dc, dc,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-            heads, tq, tk, d, threshold,
+            bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
             **{key: value for key, value in flags.items() if key != "HAS_PAD"},  # padding comes with c and r
         )
@@ -574,6 +608,18 @@ class TritonAttention(torch.autograd.Function):
         return dq, dk, dv, du, None, None, None, None, None
 
 
+def _complete_masks(q: Tensor, k: Tensor, kpad: Optional[Tensor], qpad: Optional[Tensor]):
+    """(key mask, query mask): the kernels take both masks or none, so a
+    missing one is completed with zeros (no padding)."""
+    if (kpad is None) != (qpad is None):
+        bsz = q.shape[0]
+        if kpad is None:
+            kpad = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
+        else:
+            qpad = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
+    return kpad, qpad
+
+
 def new_seed(device: torch.device) -> Tensor:
     """A dropout seed drawn from torch's generator on ``device`` (no host sync),
     so ``torch.manual_seed`` makes the masks reproducible."""
@@ -606,13 +652,7 @@ def triton_attention(
     """
     check_sinkhorn_iters(sinkhorn_iters)
     dropout_threshold(dropout_p)  # a probability, else ValueError
-    if (key_padding_mask is None) != (query_padding_mask is None):
-        # The kernels take both masks or none; complete the missing one.
-        bsz = q.shape[0]
-        if key_padding_mask is None:
-            key_padding_mask = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
-        else:
-            query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
+    key_padding_mask, query_padding_mask = _complete_masks(q, k, key_padding_mask, query_padding_mask)
     if dropout_p > 0 and seed is None:
         seed = new_seed(q.device)
     if seed is None:

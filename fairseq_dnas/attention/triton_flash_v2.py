@@ -63,33 +63,13 @@ import triton.language as tl
 from torch import Tensor
 
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
-from fairseq_dnas.attention.triton_common import (
-    INTERPRETED,
-    NEG_INIT,
-    STAGES,
-    _block_d,
-    _dropout_bytes,
-    _dropout_scale,
-    _dropped,
-    _load_tile,
-    _offsets,
-    _precision,
-    _program,
-    _real,
-    _store_tile,
-    _strides,
-    _threshold_pair,
-    _tiles,
-    dropout_threshold,
-    effective_dropout_p,  # noqa: F401 (the same rate as v1: tests read it here)
-    grid,
-    needs_int64,
-    on_device,
-    tile_case,
-)
-from fairseq_dnas.attention.triton_flash import dropout_mask, new_seed  # noqa: F401 (the same mask as v1)
+from fairseq_dnas.attention.triton_common import (  # noqa: F401 (effective_dropout_p: the tests read it here)
+    INTERPRETED, LOG2E, NEG_INIT, STAGES, _block_d, _dropout_bytes, _dropout_scale, _dropped, _load_tile, _offsets,
+    _precision, _program, _real, _store_tile, _strides, _threshold_pair, _tiles, dropout_threshold,
+    effective_dropout_p, grid, needs_int64, on_device, tile_case)
+from fairseq_dnas.attention.triton_flash import (  # noqa: F401 (dropout_mask: the same mask as v1)
+    _backward_q_kernel, _complete_masks, _forward_kernel, _output_buffer, dropout_mask, new_seed)
 
-LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e)
 
 # v2's tiles where they differ from v1's (``triton_common.GPU_TILES``, which a
 # FAIRSEQ_DNAS_TRITON_TILES file tunes; these entries take precedence). The
@@ -173,88 +153,6 @@ def _column_kernel(
     x = tl.where(ok[:, None], x / l[:, None], 0.0)
     tl.store(XC + (bh * TK + offs_n[:, None]) * D + offs_d[None, :], x,
              mask=(offs_n[:, None] < TK) & (offs_d[None, :] < D))
-
-
-@triton.jit
-def _online_softmax_step(m, l, acc, s2, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
-    """One key block of an online softmax in log2 units: running row max m,
-    row sum l of 2^(s2 - m) and accumulator sum_j 2^(s2_j - m) Z_j v_j."""
-    m_new = tl.maximum(m, tl.max(s2, 1))
-    p = tl.exp2(s2 - m_new[:, None])
-    alpha = tl.exp2(m - m_new)
-    l = l * alpha + tl.sum(p, 1)
-    p = p.to(v.dtype)
-    if DROPOUT:
-        p = _dropped(p, byte, t_pair)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-    return m_new, l, acc
-
-
-@triton.jit
-def _finish_rows(m, l, acc, real_q, scale, R2, bh, offs_m, TQ):
-    """Normalized output rows (0 where a row has no weight) and the row
-    log2-sum-exp written to R2 (+inf there, which zeroes the row in the
-    backward without a mask)."""
-    ok = real_q & (l > 0)
-    l = tl.where(ok, l, 1.0)
-    tl.store(R2 + bh * TQ + offs_m, tl.where(ok, m + tl.log2(l), float("inf")), mask=offs_m < TQ)
-    return tl.where(ok[:, None], acc * (scale / l)[:, None], 0.0)
-
-
-@triton.jit
-def _forward_kernel(
-    Q, K, V, C2, U, SEED, OUT, OD, RD, RU, QPAD,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
-    so_b, so_h, so_t, so_d,
-    H, TQ, TK, D, drop_threshold,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
-    INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """out = pi V for one query block: DNAS, the softmax of s2 - c2, and for
-    HNAS the UNAS softmax of s2 in a second accumulator (step 5, Eq. 12);
-    row normalizers RD, RU in log2 units."""
-    pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
-    offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
-    t_pair = 0
-    if DROPOUT:
-        seed = tl.load(SEED)
-        t_pair = _threshold_pair(drop_threshold)
-    m_d = tl.full([BLOCK_M], NEG_INIT, tl.float32)
-    l_d = tl.zeros([BLOCK_M], tl.float32)
-    acc_d = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if HYBRID:
-        m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
-        l_u = tl.zeros([BLOCK_M], tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, TK, BLOCK_N):
-        offs_n = _offsets(start_n, BLOCK_N, INT64)
-        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))  # inf: padded key
-        s2 = tl.dot(q, tl.trans(k), input_precision=PRECISION) * LOG2E  # (M, N)
-        byte = None
-        if DROPOUT:
-            byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
-        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s2 - c2[None, :], v, byte, t_pair,
-                                               DROPOUT, PRECISION)
-        if HYBRID:  # UNAS: the same scores, padded keys (c2 = inf) left out
-            s_u = tl.where(c2[None, :] < float("inf"), s2, float("-inf"))
-            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
-    scale = 1.0
-    if DROPOUT:
-        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
-    o_d = _finish_rows(m_d, l_d, acc_d, real_q, scale, RD, bh, offs_m, TQ)
-    if HYBRID:
-        u = tl.load(U + h)
-        o_u = _finish_rows(m_u, l_u, acc_u, real_q, scale, RU, bh, offs_m, TQ)
-        _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
-        out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
-    else:
-        out = o_d
-    _store_tile(OUT + b * so_b + h * so_h, out.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
 
 
 # --------------------------------------------------------------------------
@@ -387,83 +285,9 @@ def _backward_kv_kernel(
         tl.store(DU + bh * tl.cdiv(TK, BLOCK_N) + pid_n, tl.sum(du, 0))
 
 
-@triton.jit
-def _backward_q_kernel(
-    Q, K, V, C2, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
-    sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
-    B, H, TQ, TK, D, drop_threshold,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_BLOCK_N: tl.constexpr,
-):
-    """dq_i = sum_j ds[i, j] k_j for one query block,
-        ds = pi_D (u G - E_D + exp(r_d) dc) [+ pi_U ((1 - u) G - E_U)]
-    (xi = pi_D exp(r_d)), ds rounded to the input dtype only for the matmul
-    (its float16 bound: ``triton_flash._backward_q_kernel``). The first query
-    block of batch 0 adds up dL/du of its head from the kv pass's partial
-    sums (B x key blocks, a fixed order: deterministic)."""
-    pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
-    offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-    real_q = r_d < float("inf")
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
-    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
-    e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    exp_r = tl.where(real_q, tl.exp2(r_d), 0.0)  # xi / pi_D = exp(r_d); not 0 * inf at padded rows
-    u = 1.0
-    if HYBRID:
-        u = tl.load(U + h)
-        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-        e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    t_pair = 0
-    scale = 1.0
-    if DROPOUT:
-        seed = tl.load(SEED)
-        scale = _dropout_scale(drop_threshold)
-        t_pair = _threshold_pair(drop_threshold)
-    u_g = u * scale
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    n_end = TK
-    if DROPOUT:  # at least one pass: see triton_flash._backward_q_kernel (keeps wgmma unserialized)
-        n_end = tl.maximum(TK, 1)
-    for start_n in range(0, n_end, BLOCK_N):
-        offs_n = _offsets(start_n, BLOCK_N, INT64)
-        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
-        dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
-        s2 = tl.dot(q, tl.trans(k), input_precision=PRECISION) * LOG2E  # (M, N)
-        p_d = tl.exp2(s2 - c2[None, :] - r_d[:, None])
-        g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        if DROPOUT:
-            g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)
-        ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
-        if HYBRID:
-            p_u = tl.where(c2[None, :] < float("inf"), tl.exp2(s2 - r_u[:, None]), 0.0)
-            ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
-    if HYBRID:
-        if (pid_m == 0) & (b == 0):
-            blocks = tl.cdiv(TK, KV_BLOCK_N)
-            total = tl.zeros([KV_BLOCK_N], tl.float32)
-            for bb in range(0, B):
-                for start in range(0, blocks, KV_BLOCK_N):
-                    offs = start + tl.arange(0, KV_BLOCK_N)
-                    total += tl.load(DU_PART + (bb * H + h) * blocks + offs, mask=offs < blocks, other=0.0)
-            tl.store(DU + h, tl.sum(total, 0))
-
-
 # --------------------------------------------------------------------------
 # Launchers and autograd
 # --------------------------------------------------------------------------
-
-
-def _output_buffer(q: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, H, T, D) laid out as (T, B, H, D), as v1's (a view for fairseq's reshape)."""
-    b, h, t, d = q.shape
-    return q.new_empty((t, b, h, d), dtype=dtype).permute(1, 2, 0, 3)
 
 
 def _pad_ptr(pad: Optional[Tensor], like: Tensor) -> Tensor:
@@ -496,10 +320,11 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
         bm, bn, warps, stages = _v2_tiles("forward", d, q.dtype)
-        _forward_kernel[grid(tq, bm, bsz, heads)](
+        _forward_kernel[grid(tq, bm, bsz, heads)](  # v1's forward in log2 units
             q, k, v, c2, u if hybrid else c2, seed if dropout else c2, out, o_d, r_d, r_u, qpad_arg,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
-            HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+            HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, EXP2=True,
+            **meta,
         )
     return out, o_d, c2, xc, qc, mu, r_d, r_u
 
@@ -531,11 +356,12 @@ def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d,
             HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
         )
         bm, bn, warps, stages = _v2_tiles("backward_q", d, q.dtype)
-        _backward_q_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c2, u_arg, seed_arg, do, r_d, r_u, e_d, e_u, dc, dq, du_part, du,
+        _backward_q_kernel[grid(tq, bm, bsz, heads)](  # v1's, in log2 units, adding up du
+            q, k, v, c2, c2, u_arg, seed_arg, do, r_d, r_u, e_d, e_u, dc, dq, du_part, du,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             bsz, heads, tq, tk, d, threshold,
-            BLOCK_M=bm, BLOCK_N=bn, KV_BLOCK_N=kv_n, num_warps=warps, num_stages=stages, **flags,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, SINKHORN=False, EXP2=True,
+            SUM_DU=hybrid, KV_BLOCK_N=kv_n, **flags,
         )
     return dq, dk, dv, (du if hybrid else None)
 
@@ -584,12 +410,7 @@ def triton_attention(
             q, k, v, hybrid_weight=hybrid_weight, key_padding_mask=key_padding_mask,
             query_padding_mask=query_padding_mask, dropout_p=dropout_p, seed=seed, sinkhorn_iters=sinkhorn_iters)
     dropout_threshold(dropout_p)  # a probability, else ValueError
-    if (key_padding_mask is None) != (query_padding_mask is None):
-        bsz = q.shape[0]  # the kernels take both masks or none
-        if key_padding_mask is None:
-            key_padding_mask = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
-        else:
-            query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
+    key_padding_mask, query_padding_mask = _complete_masks(q, k, key_padding_mask, query_padding_mask)
     if dropout_p > 0 and seed is None:
         seed = new_seed(q.device)
     return TritonAttentionV2.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,
