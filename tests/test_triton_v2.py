@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import padding_mask
 from reference import reference_self_attention
-from test_triton import TOL, _float64_autograd, _grad_tol
+from test_triton import TOL, _float64_autograd, _grad_tol, module_gradients_match_materialized
 
 from fairseq_dnas.attention import kernels, selfcheck, triton_common
 from fairseq_dnas.attention.launches import count_launches
@@ -274,28 +274,19 @@ def test_fairseq_module_on_the_v2_kernels(scheme, monkeypatch):
     """The fairseq module with FAIRSEQ_DNAS_TRITON_KERNELS=v2 and the triton path:
     output equal to the float64 reference, parameter gradients equal to the
     materialized path's."""
-    monkeypatch.setenv(kernels.PATH_ENV, "triton")
-    monkeypatch.setenv(kernels.KERNELS_ENV, "v2")
-    calls = []
-    apply = triton_flash_v2.TritonAttentionV2.apply
-    monkeypatch.setattr(triton_flash_v2.TritonAttentionV2, "apply", lambda *a: calls.append(1) or apply(*a))
+    for name, value in ((kernels.PATH_ENV, "triton"), (kernels.KERNELS_ENV, "v2")):
+        monkeypatch.setenv(name, value)
     m = DNASMultiheadAttention(32, 2, scheme=scheme, hybrid_init=0.3).train().to(DEVICE)
     x = torch.randn(20, 3, 32, device=DEVICE, requires_grad=True)
     mask = padding_mask((20, 9, 1), 20, True).to(DEVICE)
-    out, _ = m(x, x, x, key_padding_mask=mask, need_weights=False)
-    assert calls, "the v2 kernels did not run"
+    with count_launches() as launches:
+        out, _ = m(x, x, x, key_padding_mask=mask, need_weights=False)
+    assert launches.triton[0] == "_column_kernel", launches.describe()  # v2's first kernel
     real = ~mask.T
     ref = reference_self_attention(m.cpu(), x.cpu(), mask.cpu())
     m.to(DEVICE)
     torch.testing.assert_close(out.double().cpu()[real.cpu()], ref[real.cpu()], atol=1e-5, rtol=0)
-    out[real].pow(2).sum().backward()
-    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
-    m.zero_grad()
-    monkeypatch.setenv(kernels.PATH_ENV, "materialized")
-    out2, _ = m(x, x, x, key_padding_mask=mask, need_weights=False)
-    out2[real].pow(2).sum().backward()
-    for n, p in m.named_parameters():
-        torch.testing.assert_close(grads[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+    module_gradients_match_materialized(m, x, mask, out, monkeypatch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="host synchronization exists only with a GPU")

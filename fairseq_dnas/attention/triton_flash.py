@@ -100,6 +100,7 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
     _column_lse_kernel,
     _dropout_scale,
     _dropout_bytes,
+    _dropout_setup,
     _dropped,
     _exp,
     _log,
@@ -255,6 +256,71 @@ def _backward_preprocess_kernel(
 
 
 @triton.jit
+def _key_block(K, V, C, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D,
+               HAS_PAD: tl.constexpr, INT64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What a key-major program holds through its loop: (block, batch * head,
+    batch, head, key offsets, head-dimension offsets, real keys, k, v, c; c =
+    +inf at padded keys and past T_k)."""
+    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
+    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
+    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+    return pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c
+
+
+@triton.jit
+def _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, start_n, TK, BLOCK_N: tl.constexpr,
+             DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr):
+    """One (keys, queries) tile of the key-major backward: scores s^T (EXP2:
+    in log2 units), pi_D^T (0 at padded keys and queries: c, r = inf), G / scale
+    = Z (dO V^T), the dropout bytes (0 without dropout) and the softmax
+    gradient of the DNAS part at fixed c, t = pi_D (u G - E_D)."""
+    s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
+    if EXP2:
+        s_t *= LOG2E
+    p_d = _exp(s_t - c[:, None] - r_d[None, :], EXP2)
+    g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
+    byte = 0
+    if DROPOUT:
+        byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N, True)  # (N, M)
+        g = _dropped(g, byte, t_pair)
+    return s_t, p_d, g, byte, p_d * (u_g * g - e_d[None, :])
+
+
+@triton.jit
+def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte, t_pair,
+                HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr):
+    """HNAS's UNAS part added to t (its column sum to tu, dL/du's to du), and
+    dv += (Z pi_H)^T dO (times scale at the end; pi_H = pi_D for DNAS)."""
+    if HYBRID:
+        t_u, du_j, p = _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2)
+        tu += tl.sum(t_u, 1)
+        t += t_u
+        du += du_j
+    else:
+        p = p_d
+    p = p.to(do.dtype)
+    if DROPOUT:
+        p = _dropped(p, byte, t_pair)
+    return t, tu, du, dv + tl.dot(p, do, input_precision=PRECISION)
+
+
+@triton.jit
+def _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2: tl.constexpr):
+    """HNAS's UNAS part of a key-major tile (keys, queries): t_U = pi_U ((1 - u) G - E_U),
+    this tile's dL/du = sum_i G (pi_D - pi_U) (times scale at the end) and the mixture
+    pi_H = u pi_D + (1 - u) pi_U. pi_U^T is 0 at padded keys (real_k) and queries (r_u = inf)."""
+    r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+    e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+    p_u = tl.where(real_k[:, None], _exp(s_t - r_u[None, :], EXP2), 0.0)
+    t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
+    return t_u, tl.sum(g * (p_d - p_u), 1), u * p_d + (1.0 - u) * p_u
+
+
+@triton.jit
 def _backward_kv_kernel(
     Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, QM, DK, DV, DC, DU, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
@@ -281,25 +347,15 @@ def _backward_kv_kernel(
     Padding: c = +inf at padded keys and r = +inf at padded queries (the
     forward's convention) zero pi_D and pi_U without a mask in the loop; the
     key mask, loaded once, keeps pi_U's padded keys out."""
-    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
-    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
-    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+    pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c = _key_block(
+        K, V, C, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D, HAS_PAD, INT64, BLOCK_N, BLOCK_D)
     mu = tl.load(QM + bh * D + offs_d, mask=offs_d < D, other=0.0)  # float32 mean query
     if HYBRID:
         u = tl.load(U + h)
     else:
         u = 1.0
-    t_pair = 0
-    if DROPOUT:  # G = Z' (dO V^T) = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
-        seed = tl.load(SEED)
-        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
-        t_pair = _threshold_pair(drop_threshold)
-    else:
-        scale = 1.0
+    # G = Z' (dO V^T) = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
+    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk_t = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (ds - xi dc)[i, j] (q_i - mu)
@@ -314,13 +370,8 @@ def _backward_kv_kernel(
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
         e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
-        p_d = tl.exp(s_t - c[:, None] - r_d[None, :])  # pi_D^T, 0 at padded keys and queries
-        g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
-        if DROPOUT:
-            byte = _dropout_bytes(seed, bh, offs_m, pid_n * BLOCK_N, TK, BLOCK_N, True)  # (N, M)
-            g = _dropped(g, byte, t_pair)  # G / scale = Z (dO V^T)
-        t = p_d * (u_g * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
+        s_t, p_d, g, byte, t = _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, pid_n * BLOCK_N,
+                                         TK, BLOCK_N, DROPOUT, PRECISION, False)
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
         if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
             r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
@@ -331,27 +382,24 @@ def _backward_kv_kernel(
         # q - mu, rounded once to the input dtype (rows with p_d = 0 contribute nothing)
         qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)
         dk_x += tl.dot(xi.to(q.dtype), qc, input_precision=PRECISION)
-        if HYBRID:
-            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            p_u = tl.where(real_k[:, None], tl.exp(s_t - r_u[None, :]), 0.0)  # pi_U^T (r_u = inf: padded query)
-            t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
-            tu += tl.sum(t_u, 1)
-            t += t_u
-            du += tl.sum(g * (p_d - p_u), 1)  # dL/du = <G, pi_D - pi_U> (times scale at the end)
-            p = u * p_d + (1.0 - u) * p_u
-        else:
-            p = p_d
-        p = p.to(do.dtype)
-        if DROPOUT:
-            p = _dropped(p, byte, t_pair)
-        dv += tl.dot(p, do, input_precision=PRECISION)  # dv_j = sum_i Z pi_H dO_i (times scale)
+        t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte,
+                                    t_pair, HYBRID, DROPOUT, PRECISION, False)
         dk_t += tl.dot(t.to(q.dtype), qc, input_precision=PRECISION)
     # dk_j = sum_i ds[i, j] q_i, ds[i, j] = t[i, j] + xi[i, j] dc[j]: the sum over (q_i - mu),
     # plus mu times the column sum of ds, which only HNAS's UNAS part leaves
     dk = dk_t + dc[:, None] * dk_x
     if HYBRID:
         dk += tu[:, None] * mu[None, :]
+    _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, offs_d,
+              sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d, TK, D, BLOCK_N, HYBRID, DROPOUT)
+
+
+@triton.jit
+def _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, offs_d,
+              sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d, TK, D, BLOCK_N: tl.constexpr,
+              HYBRID: tl.constexpr, DROPOUT: tl.constexpr):
+    """The key-major pass's results for one key block: dk, dv (times the dropout
+    scale), dc and, for HNAS, the block's share of dL/du (times the scale)."""
     if DROPOUT:
         dv *= scale
         du *= scale
@@ -497,15 +545,18 @@ def query_mean(q: Tensor, qpad: Optional[Tensor]) -> Tensor:
     return mean.reshape(bsz, heads, d).float().contiguous()
 
 
+def call_facts(q: Tensor, k: Tensor, u: Optional[Tensor], kpad: Optional[Tensor], p_drop: float):
+    """((B, H, T_q, T_k, D), the dropout threshold, (HNAS?, dropout?, padding?)) of a call."""
+    threshold = dropout_threshold(p_drop)
+    return (*q.shape[:3], k.shape[2], q.shape[3]), threshold, (u is not None, threshold > 0, kpad is not None)
+
+
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     """Output, HNAS's O_D, the key bias c (DNAS: the column normalizer; with
     Sinkhorn iterations the last one, a_n), row lse's r_d (r_u) and, with
     Sinkhorn iterations, the normalizer stacks (a, b) of triton_sinkhorn."""
-    bsz, heads, tq, d = q.shape
-    tk = k.shape[2]
+    (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
-    threshold = dropout_threshold(p_drop)
-    hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
     r_d = torch.empty((bsz, heads, tq), **f32)
     r_u = torch.empty((bsz, heads, tq), **f32) if hybrid else r_d
     out = _output_buffer(q, v.dtype)
@@ -531,6 +582,20 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     return out, o_d, c, r_d, r_u, normalizers
 
 
+def backward_buffers(q: Tensor, k: Tensor, hybrid: bool, kv_block: int):
+    """E_D, E_U (B, H, T_q; E_U only for HNAS, else E_D again), dc (B, H, T_k)
+    and HNAS's per-key-block sums of dL/du (B, H, cdiv(T_k, kv_block); else dc
+    again): float32, uninitialized (the kernels write every element)."""
+    bsz, heads, tq, _ = q.shape
+    tk = k.shape[2]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    e_d = torch.empty((bsz, heads, tq), **f32)
+    dc = torch.empty((bsz, heads, tk), **f32)
+    if not hybrid:
+        return e_d, e_d, dc, dc
+    return e_d, torch.empty((bsz, heads, tq), **f32), dc, torch.empty((bsz, heads, triton.cdiv(tk, kv_block)), **f32)
+
+
 def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers=None,
               center_queries=True):
     """dq, dk, dv (each in a buffer of its own layout, ``_gradient_buffer``)
@@ -541,12 +606,8 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
     threshold = dropout_threshold(p_drop)
     hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
     f32 = dict(dtype=torch.float32, device=q.device)
-    e_d = torch.empty((bsz, heads, tq), **f32)
-    e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
-    dc = torch.empty((bsz, heads, tk), **f32)
     kv_m, kv_n, kv_warps, kv_stages = _tiles("backward_kv", d, q.dtype)
-    n_kblocks = triton.cdiv(tk, kv_n)
-    du_part = torch.empty((bsz, heads, n_kblocks), **f32) if hybrid else dc
+    e_d, e_u, dc, du_part = backward_buffers(q, k, hybrid, kv_n)
     dq, dk, dv = _gradient_buffer(q), _gradient_buffer(k), _gradient_buffer(v)
     mu = query_mean(q, qpad) if center_queries else torch.zeros((bsz, heads, d), **f32)
     qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
@@ -608,18 +669,6 @@ class TritonAttention(torch.autograd.Function):
         return dq, dk, dv, du, None, None, None, None, None
 
 
-def _complete_masks(q: Tensor, k: Tensor, kpad: Optional[Tensor], qpad: Optional[Tensor]):
-    """(key mask, query mask): the kernels take both masks or none, so a
-    missing one is completed with zeros (no padding)."""
-    if (kpad is None) != (qpad is None):
-        bsz = q.shape[0]
-        if kpad is None:
-            kpad = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
-        else:
-            qpad = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
-    return kpad, qpad
-
-
 def new_seed(device: torch.device) -> Tensor:
     """A dropout seed drawn from torch's generator on ``device`` (no host sync),
     so ``torch.manual_seed`` makes the masks reproducible."""
@@ -637,6 +686,7 @@ def triton_attention(
     dropout_p: float = 0.0,
     seed: Optional[Tensor] = None,
     sinkhorn_iters: int = 1,
+    function: Optional[type] = None,
 ) -> Tensor:
     """DNAS (or, with ``hybrid_weight``, HNAS) attention output (B, H, T_q, D).
 
@@ -648,13 +698,23 @@ def triton_attention(
     drawn with ``new_seed`` when None), at the rate ``effective_dropout_p``
     (p rounded to a multiple of 1/256; ``triton_common``); p = 1 gives
     zeros. ``sinkhorn_iters`` > 1 repeats the (column, row) normalization of
-    DNAS (``triton_sinkhorn.py``).
+    DNAS (``triton_sinkhorn.py``). ``function``: the autograd function that
+    runs other kernels with one normalization round (``triton_flash_v2``'s;
+    None: these).
     """
     check_sinkhorn_iters(sinkhorn_iters)
     dropout_threshold(dropout_p)  # a probability, else ValueError
-    key_padding_mask, query_padding_mask = _complete_masks(q, k, key_padding_mask, query_padding_mask)
+    if (key_padding_mask is None) != (query_padding_mask is None):
+        # The kernels take both masks or none; complete the missing one.
+        bsz = q.shape[0]
+        if key_padding_mask is None:
+            key_padding_mask = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
+        else:
+            query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
     if dropout_p > 0 and seed is None:
         seed = new_seed(q.device)
+    if function is not None and sinkhorn_iters == 1:  # v2: no seed buffer without dropout (no fill)
+        return function.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask, float(dropout_p), seed)
     if seed is None:
         seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
     return TritonAttention.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,

@@ -62,13 +62,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.attention.triton_common import (  # noqa: F401 (effective_dropout_p: the tests read it here)
-    INTERPRETED, LOG2E, NEG_INIT, STAGES, _block_d, _dropout_bytes, _dropout_scale, _dropped, _load_tile, _offsets,
-    _precision, _program, _real, _store_tile, _strides, _threshold_pair, _tiles, dropout_threshold,
+    INTERPRETED, LOG2E, NEG_INIT, STAGES, _block_d, _dropout_setup, _load_tile, _offsets,
+    _precision, _program, _real, _strides, _tiles,
     effective_dropout_p, grid, needs_int64, on_device, tile_case)
+from fairseq_dnas.attention import triton_flash
 from fairseq_dnas.attention.triton_flash import (  # noqa: F401 (dropout_mask: the same mask as v1)
-    _backward_q_kernel, _complete_masks, _forward_kernel, _output_buffer, dropout_mask, new_seed)
+    _backward_q_kernel, _forward_kernel, _key_block, backward_buffers, call_facts, _kv_mixture, _kv_store, _kv_tile, _output_buffer, dropout_mask)
 
 
 # v2's tiles where they differ from v1's (``triton_common.GPU_TILES``, which a
@@ -100,9 +100,7 @@ def _v2_tiles(kernel: str, d: int, dtype: torch.dtype):
 
 @triton.jit
 def _column_kernel(
-    Q, K, C2, XC, QC, MU, QPAD, KPAD,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
-    H, TQ, TK, D,
+    Q, K, C2, XC, QC, MU, QPAD, KPAD, sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, H, TQ, TK, D,
     HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -197,22 +195,13 @@ def _backward_kv_kernel(
     sum_i xi[i, j] qc_i = X_j (column pass), sum_i (t + xi dc)[i, j] = 0.
     Every key block first computes E_D, E_U of all queries into ED, EU (the
     q pass reads them too)."""
-    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
-    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
-    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-    c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+    pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c2 = _key_block(
+        K, V, C2, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D, HAS_PAD, INT64, BLOCK_N, BLOCK_D)
     u = 1.0
     if HYBRID:
         u = tl.load(U + h)
-    t_pair = 0
-    scale = 1.0
-    if DROPOUT:  # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
-        seed = tl.load(SEED)
-        scale = _dropout_scale(drop_threshold)
-        t_pair = _threshold_pair(drop_threshold)
+    # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
+    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (t + t_U)[i, j] qc_i
@@ -245,29 +234,11 @@ def _backward_kv_kernel(
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         qc = tl.load(QC + (bh * TQ + offs_m[:, None]) * D + offs_d[None, :],
                      mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D), other=0.0)
-        s2 = tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E  # (N, M)
-        p_d = tl.exp2(s2 - c2[:, None] - r_d[None, :])  # pi_D^T, 0 at padded keys and queries
-        g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
-        if DROPOUT:
-            byte = _dropout_bytes(seed, bh, offs_m, pid_n * BLOCK_N, TK, BLOCK_N, True)  # (N, M)
-            g = _dropped(g, byte, t_pair)  # G / scale
-        t = p_d * (u_g * g - e_d[None, :])
+        s2, p_d, g, byte, t = _kv_tile(k, v, q, do, c2, r_d, e_d, u_g, seed, t_pair, bh, offs_m, pid_n * BLOCK_N,
+                                       TK, BLOCK_N, DROPOUT, PRECISION, True)  # log2 units
         dc -= tl.sum(t, 1)
-        if HYBRID:
-            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            p_u = tl.where(real_k[:, None], tl.exp2(s2 - r_u[None, :]), 0.0)
-            t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
-            tu += tl.sum(t_u, 1)
-            t += t_u
-            du += tl.sum(g * (p_d - p_u), 1)  # dL/du = <G, pi_D - pi_U> (times scale at the end)
-            p = u * p_d + (1.0 - u) * p_u
-        else:
-            p = p_d
-        p = p.to(do.dtype)
-        if DROPOUT:
-            p = _dropped(p, byte, t_pair)
-        dv += tl.dot(p, do, input_precision=PRECISION)
+        t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s2, real_k, u, scale, g, t, tu, du, dv, do, byte,
+                                    t_pair, HYBRID, DROPOUT, PRECISION, True)
         dk += tl.dot(t.to(qc.dtype), qc, input_precision=PRECISION)
     x = tl.load(XC + (bh * TK + offs_n[:, None]) * D + offs_d[None, :],
                 mask=(offs_n[:, None] < TK) & (offs_d[None, :] < D), other=0.0)
@@ -275,14 +246,8 @@ def _backward_kv_kernel(
     if HYBRID:  # the UNAS part does not sum to 0 over i: its sum times mu
         mu = tl.load(MU + bh * D + offs_d, mask=offs_d < D, other=0.0)
         dk += tu[:, None] * mu[None, :]
-    if DROPOUT:
-        dv *= scale
-        du *= scale
-    _store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs_n, offs_d, sdk_t, sdk_d, TK, D)
-    _store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs_n, offs_d, sdv_t, sdv_d, TK, D)
-    tl.store(DC + bh * TK + offs_n, dc, mask=offs_n < TK)
-    if HYBRID:
-        tl.store(DU + bh * tl.cdiv(TK, BLOCK_N) + pid_n, tl.sum(du, 0))
+    _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, offs_d,
+              sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d, TK, D, BLOCK_N, HYBRID, DROPOUT)
 
 
 # --------------------------------------------------------------------------
@@ -297,11 +262,8 @@ def _pad_ptr(pad: Optional[Tensor], like: Tensor) -> Tensor:
 
 
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
-    bsz, heads, tq, d = q.shape
-    tk = k.shape[2]
+    (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
-    threshold = dropout_threshold(p_drop)
-    hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
     c2 = torch.empty((bsz, heads, tk), **f32)
     xc = torch.empty((bsz, heads, tk, d), **f32)
     qc = torch.empty((bsz, heads, tq, d), dtype=q.dtype, device=q.device)
@@ -331,17 +293,10 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
 
 def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d, r_u):
     """dq, dk, dv (fresh buffers in the layouts of q, k, v) and du."""
-    bsz, heads, tq, d = q.shape
-    tk = k.shape[2]
-    threshold = dropout_threshold(p_drop)
-    hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
-    f32 = dict(dtype=torch.float32, device=q.device)
-    e_d = torch.empty((bsz, heads, tq), **f32)
-    e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
-    dc = torch.empty((bsz, heads, tk), **f32)
+    (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     kv_m, kv_n, kv_warps, kv_stages = _v2_tiles("backward_kv", d, q.dtype)
-    du_part = torch.empty((bsz, heads, triton.cdiv(tk, kv_n)), **f32) if hybrid else dc
-    du = torch.empty((heads,), **f32) if hybrid else dc
+    e_d, e_u, dc, du_part = backward_buffers(q, k, hybrid, kv_n)
+    du = torch.empty((heads,), dtype=torch.float32, device=q.device) if hybrid else dc
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     u_arg = u if hybrid else c2
     seed_arg = seed if dropout else c2
@@ -387,31 +342,9 @@ class TritonAttentionV2(torch.autograd.Function):
         return dq, dk, dv, du, None, None, None, None
 
 
-def triton_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    hybrid_weight: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
-    query_padding_mask: Optional[Tensor] = None,
-    dropout_p: float = 0.0,
-    seed: Optional[Tensor] = None,
-    sinkhorn_iters: int = 1,
-) -> Tensor:
-    """``triton_flash.triton_attention`` on the v2 kernels (same arguments and
-    result, same dropout mask for the same seed); ``sinkhorn_iters`` > 1 runs
-    v1's kernels (``kernels.triton_kernels`` never sends them here)."""
-    check_sinkhorn_iters(sinkhorn_iters)
-    if sinkhorn_iters > 1:
-        from fairseq_dnas.attention import triton_flash
-
-        return triton_flash.triton_attention(
-            q, k, v, hybrid_weight=hybrid_weight, key_padding_mask=key_padding_mask,
-            query_padding_mask=query_padding_mask, dropout_p=dropout_p, seed=seed, sinkhorn_iters=sinkhorn_iters)
-    dropout_threshold(dropout_p)  # a probability, else ValueError
-    key_padding_mask, query_padding_mask = _complete_masks(q, k, key_padding_mask, query_padding_mask)
-    if dropout_p > 0 and seed is None:
-        seed = new_seed(q.device)
-    return TritonAttentionV2.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,
-                                   float(dropout_p), seed)
+def triton_attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
+    """``triton_flash.triton_attention`` (the same keyword arguments and result,
+    the same dropout mask for the same seed) on the v2 kernels;
+    ``sinkhorn_iters`` > 1 runs v1's (``kernels.triton_kernels`` never sends
+    them here)."""
+    return triton_flash.triton_attention(q, k, v, function=TritonAttentionV2, **options)
