@@ -12,10 +12,10 @@ G = Z' (dO_i . v_j), E_D, E_U the D_i of flash attention per part).
 
 What changes against v1 (issue 28):
 
-- Launches. v1 runs 5 kernels and 8 (DNAS) or 9 (HNAS) computing torch
-  operations a step (a dummy zeros, the query mean's mask negation, cast, sum,
-  clamp, division and matmul, HNAS's du sum). Here: 4 kernels, and only the
-  seed draw with dropout: the query mean rides in the column pass, D_i in
+- Launches. v1 runs 5 kernels and 7 (DNAS) or 8 (HNAS) computing torch
+  operations a step (a dummy zeros or the seed draw, the query mean's mask
+  negation, cast, sum, clamp, division and matmul, HNAS's du sum). Here: 4
+  kernels, and only the seed draw with dropout: the query mean rides in the column pass, D_i in
   the kv pass, du's sum in the q pass; no buffer is zeroed, nothing is cast
   (``tests/test_triton_v2.py`` counts them with ``launches.count_launches``).
 - The backward's dk has one accumulator. v1's kv loop accumulated
@@ -38,7 +38,8 @@ What changes against v1 (issue 28):
   dtype) and the kv pass reads it for dk, instead of v1's rebuilding and
   converting it every iteration. Scores are still q . k with the raw q
   (half-precision products are exact in float32), so DNAS and HNAS see no
-  rounding of qc and the UNAS half needs no key bias mu . k_j.
+  rounding of qc and the UNAS half needs no key bias mu . k_j. (mu itself is
+  float32; qc is rounded once, to the input dtype.)
 - The exp2 domain: scores are scaled once by log2(e) (``LOG2E``) after
   their matmul and every normalizer (c2, r2) is kept in log2 units, so each
   probability is one ex2 (v1: a multiply and an ex2 inside tl.exp).
@@ -47,12 +48,14 @@ Passes (one program per block; grid and offsets as v1, ``triton_common``):
     1. ``_column_kernel`` (key block): mu (a first sweep over the queries),
        c2[j] = log2 sum_i 2^(s2[i, j]) over real queries, X_j; writes qc
        (first key block only).
-    2. ``_forward_kernel`` (query block): as v1's, in log2 units.
+    2. ``triton_flash._forward_kernel`` (query block): v1's, with EXP2
+       (log2 units).
     3. ``_backward_kv_kernel`` (key block): E_D, E_U from dO and the outputs
-       (every key block writes the same values, which pass 4 reads), dv, dc, dk, du's partial
-       sum per key block.
-    4. ``_backward_q_kernel`` (query block): dq; the first query block of
-       batch 0 sums du for its head.
+       (every key block writes the same values, which pass 4 reads), dv, dc,
+       dk, du's partial sum per key block; its tile, mixture and stores are
+       v1's helpers (``_kv_tile``, ``_kv_mixture``, ``_kv_store``) with EXP2.
+    4. ``triton_flash._backward_q_kernel`` (query block): v1's, with EXP2 and
+       SUM_DU (the first query block of batch 0 adds up du for its head).
 """
 
 from typing import Optional
