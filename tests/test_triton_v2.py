@@ -307,3 +307,17 @@ def test_no_host_synchronization_on_the_gpu(monkeypatch):
         out.sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
+def test_v2_compiles_for_sm90_within_the_tile_rule():
+    """Every v2 kernel variant (DNAS/HNAS x dropout 0/0.1, fp16, head size 64)
+    compiled for an H100 as the JIT specializes a real call: the interpreter
+    runs code the compiler rejects. Within the tile rule (at most 64 bytes of
+    spills: triton_spills.py's exit status) and no wgmma serialized by ptxas."""
+    from test_triton_tiles import _compile
+
+    seen, summary = _compile("fp16:64", "--version", "v2", "--sinkhorn", "1")
+    assert {kernel for _, kernel, _ in seen} == {"column", "forward", "backward_kv", "backward_q"}
+    assert len(seen) == 13, seen  # column once, the other three in 4 variants each
+    assert "0 with wgmma serialized by ptxas" in summary, summary
