@@ -136,6 +136,10 @@ def render_markdown(res):
         for r in gen:
             lines.append(f"| {r['model']} | {r['sentences_per_s']:.2f} | {r['time_ratio']:.3f} |")
         lines.append("")
+    if res.get("kernels"):
+        from bench_kernels import render
+
+        lines += render(res["kernels"])
     if res.get("targets"):
         lines += ["| target | limit | measured | met | where |", "|" + " --- |" * 5]
         for t in res["targets"]:
@@ -160,7 +164,7 @@ def merge_results(paths):
         except (OSError, json.JSONDecodeError) as e:
             raise SystemExit(f"benchmark: cannot read {path}: {e}")
     res = {"machine": runs[0]["machine"], "runs": [r.get("settings", {}) for r in runs]}
-    for name in ("module", "crossover", "model", "generate"):
+    for name in ("module", "crossover", "model", "generate", "kernels"):
         found = next((r[name] for r in runs if r.get(name)), None)
         if found is not None:
             res[name] = found

@@ -27,6 +27,12 @@ model     whole-model training time per update (forward, backward, Adam step)
           0.1 and with 0.
 generate  beam search (beam 4) sentences per second, every hypothesis forced
           to 64 tokens so all models do the same decoder work.
+kernels   the attention kernels alone (bench_kernels.py), forward+backward at
+          B 8, H 16, D 64, float16, T 512-4096, dropout 0 and 0.1: wall and
+          GPU-kernel time and kernels a step for SDPA and the v1 and v2
+          Triton kernels, ratios to SDPA, and the floor from operation counts
+          beside them. CUDA only (on CPU: --quick under TRITON_INTERPRET=1).
+          Not in the default sections: --sections kernels.
 
 --device cuda runs every section on the GPU (timings with
 ``torch.cuda.synchronize()`` around each call; the model and generation in
@@ -61,6 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the bench_* mo
 
 import bench_common as common  # noqa: E402
 from bench_common import DTYPES, log, machine  # noqa: E402
+from bench_kernels import kernels_section  # noqa: E402
 from bench_model import generate_section, model_section  # noqa: E402
 from bench_module import crossover_section, module_section  # noqa: E402
 from bench_report import merge_results, render_markdown, target_report  # noqa: E402
@@ -95,7 +102,8 @@ def parse_args(argv):
                    help="only print the Markdown tables of earlier --json files; with several, each section "
                         "comes from the first file that has it, and the targets are recomputed")
     p.add_argument("--sections", default="module,crossover,model,generate",
-                   help="comma-separated subset of: module, crossover, model, generate (default: all)")
+                   help="comma-separated subset of: module, crossover, model, generate, kernels "
+                        "(default: module,crossover,model,generate)")
     p.add_argument("--lengths", help="module section positions (default: 128,512,2048,4096)")
     p.add_argument("--tokens", type=int, help="tokens per module batch; batch = tokens // length (default: 4096)")
     p.add_argument("--rounds", type=int, help="timed rounds per case after warm-up (default: 7; quick: 1)")
@@ -109,9 +117,9 @@ def parse_args(argv):
                         "fraction of available memory (default: 0.5)")
     args = p.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
-    bad = set(sections) - {"module", "crossover", "model", "generate"}
+    bad = set(sections) - {"module", "crossover", "model", "generate", "kernels"}
     if bad:
-        p.error(f"unknown section(s) {sorted(bad)}; choose from module, crossover, model, generate")
+        p.error(f"unknown section(s) {sorted(bad)}; choose from module, crossover, model, generate, kernels")
     args.sections = sections
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
@@ -154,7 +162,8 @@ def main(argv=None) -> int:
     res["complete"] = False  # until every section has run
     sections = {"module": lambda: module_section(args, dim, heads),
                 "crossover": lambda: crossover_section(args, dim, heads),
-                "model": lambda: model_section(args), "generate": lambda: generate_section(args)}
+                "model": lambda: model_section(args), "generate": lambda: generate_section(args),
+                "kernels": lambda: kernels_section(args)}
     for name in args.sections:
         res[name] = sections[name]()
         if args.json:  # a killed run leaves the finished sections, marked incomplete

@@ -5,7 +5,10 @@
 # tiles), and on request (STEPS=mask,train) the dropout mask against the
 # interpreter's and fp16 training of the Gigaword paper-size model. Writes
 # pytest-gpu.log, tiles.json, tiles.log, benchmark.log, gpu.json, gpu.md,
-# tuned.json, tuned.md, mask.log and train*.log to OUT_DIR.
+# tuned.json, tuned.md, mask.log and train*.log to OUT_DIR. STEPS=kernels times the
+# v1 and v2 Triton kernels alone against SDPA (benchmark.py --sections kernels:
+# kernels.json, kernels.md) after checking v2 on this GPU (FAIRSEQ_DNAS_TRITON_KERNELS=v2
+# python -m fairseq_dnas.check: check-v2.log); about 3 minutes.
 # About 20 minutes on an H100 in all; the lent machine runs at most 10
 # minutes a command, so there run one step a call (STEPS=tests, then tiles,
 # then benchmark, then tuned; see docs/performance.md#running-on-a-gpu).
@@ -18,17 +21,17 @@ set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"                  # an interpreter with CUDA torch, fairseq and triton
 OUT_DIR="${OUT_DIR:-gpu-results}"            # where the logs and results go
-STEPS="${STEPS:-tests,tiles,benchmark,tuned}" # any of tests,tiles,benchmark,tuned,mask,train, comma-separated, in this order
+STEPS="${STEPS:-tests,tiles,benchmark,tuned}" # any of tests,tiles,benchmark,tuned,kernels,mask,train, comma-separated, in this order
 SECTIONS="${SECTIONS:-module,model,generate}" # benchmark sections (crossover: dense vs triton)
-TESTS="${TESTS:-tests/test_triton.py tests/test_triton_tiles.py tests/test_kernels.py}"
+TESTS="${TESTS:-tests/test_triton.py tests/test_triton_v2.py tests/test_triton_tiles.py tests/test_kernels.py}"
 TILE_CASES="${TILE_CASES:-fp16:64}"          # cases benchmarks/triton_tiles.py times (the benchmark's head size 64)
 MASK_REFERENCE="${MASK_REFERENCE:-}"         # step mask: the interpreter's masks (gpu_dropout_mask.py --interpreter); empty: computed there
 TRAIN_DATA="${TRAIN_DATA:-data/gigaword/bin}" # step train: examples/gigaword/prepare.sh's OUT_DIR/bin
 
 cd "$(dirname "$0")/.."
 for step in ${STEPS//,/ }; do
-  case "$step" in tests|tiles|benchmark|tuned|mask|train) ;; *)
-    echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from tests,tiles,benchmark,tuned,mask,train)" >&2
+  case "$step" in tests|tiles|benchmark|tuned|kernels|mask|train) ;; *)
+    echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from tests,tiles,benchmark,tuned,kernels,mask,train)" >&2
     exit 2 ;;
   esac
 done
@@ -66,6 +69,12 @@ if has_step tuned; then
   FAIRSEQ_DNAS_TRITON_TILES="$OUT_DIR/tiles.json" PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py \
     --device cuda --sections module --json "$OUT_DIR/tuned.json" --markdown "$OUT_DIR/tuned.md" 2>&1 \
     | tee "$OUT_DIR/tuned.log"
+fi
+if has_step kernels; then
+  echo "[gpu_measure] v2 kernels against float64 on this GPU, then v1 and v2 timed against SDPA"
+  FAIRSEQ_DNAS_TRITON_KERNELS=v2 "$PYTHON" -m fairseq_dnas.check 2>&1 | tee "$OUT_DIR/check-v2.log"
+  PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py --device cuda --sections kernels \
+    --json "$OUT_DIR/kernels.json" --markdown "$OUT_DIR/kernels.md" 2>&1 | tee "$OUT_DIR/kernels.log"
 fi
 if has_step mask; then
   echo "[gpu_measure] dropout mask against the interpreter's"

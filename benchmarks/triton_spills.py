@@ -37,6 +37,9 @@ instructions come from.
     python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table (docs/results/)
     python benchmarks/triton_spills.py --cases fp16:64 --no-report
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
+    python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64,bf16:64,fp16:128,bf16:128
+                                                               # the v2 kernels (triton_flash_v2.py)
+    python benchmarks/triton_spills.py --compare v1.json v2.json   # the before/after table of two --json runs
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
@@ -73,6 +76,9 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 from fairseq_dnas.attention import triton_flash as F  # noqa: E402
+from fairseq_dnas.attention import triton_flash_v2  # noqa: E402
+
+VERSIONS = {"v1": F, "v2": triton_flash_v2}  # FAIRSEQ_DNAS_TRITON_KERNELS's values (kernels.triton_kernels)
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 (warp size 32)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -127,12 +133,16 @@ class JitCapture:
 def capture(case, args, sinkhorn_iters):
     """The kernels' specializations of one (dtype, head size): the forward and
     backward of DNAS and HNAS, dropout 0 and 0.1, one and ``sinkhorn_iters``
-    Sinkhorn rounds, with padding, in the fairseq module's layout."""
+    Sinkhorn rounds, with padding, in the fairseq module's layout, on the
+    kernels of ``args.version`` (v2 runs v1's for Sinkhorn rounds)."""
     dtype, head = case
     torch_dtype = DTYPES[dtype]
     heads, length, bsz = max(args.hidden // head, 2), args.length, args.batch
     saved = {k: dict(v) for k, v in F.GPU_TILES.items()}
+    saved_v2 = {k: dict(v) for k, v in triton_flash_v2.V2_GPU_TILES.items()}
     F.GPU_TILES[F.tile_case(head, torch_dtype)].update(args.tiles)
+    if args.version == "v2":  # v2's own entries take precedence over GPU_TILES: --tiles replaces them too
+        triton_flash_v2.V2_GPU_TILES.setdefault(F.tile_case(head, torch_dtype), {}).update(args.tiles)
     jit = JitCapture()
     original = JITFunction.run
     JITFunction.run = lambda kernel, *a, **kw: jit.run(kernel, *a, **kw)
@@ -148,7 +158,7 @@ def capture(case, args, sinkhorn_iters):
                                .view(length, bsz, heads, head).permute(1, 2, 0, 3).requires_grad_()
                                for _ in range(3))
                     u = torch.full((heads,), 0.5, requires_grad=True) if hybrid else None
-                    out = F.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
+                    out = VERSIONS[args.version].triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
                                              query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters)
                     out.float().sum().backward()
     finally:
@@ -156,6 +166,8 @@ def capture(case, args, sinkhorn_iters):
         for key, value in saved.items():
             F.GPU_TILES[key].clear()
             F.GPU_TILES[key].update(value)
+        triton_flash_v2.V2_GPU_TILES.clear()
+        triton_flash_v2.V2_GPU_TILES.update(saved_v2)
     return list(jit.jobs.values())
 
 
@@ -284,6 +296,41 @@ def markdown_table(rows):
     return "\n".join(out)
 
 
+KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "backward_q")
+
+
+def compare_table(before, after):
+    """Markdown: each kernel variant (without Sinkhorn) of two --json runs side
+    by side (e.g. --version v1 and v2): tile, registers, spills, instructions
+    a score in its loop (v1's column_lse is v2's column; a kernel one side
+    lacks shows '-')."""
+    def index(rows):
+        out = {}
+        for r in rows:
+            if r["flags"].get("SINKHORN"):
+                continue
+            kernel = r["kernel"].replace("column_lse", "column")
+            scheme = "both" if kernel == "column" else ("HNAS" if r["flags"].get("HYBRID") else "DNAS")
+            out[(r["case"], kernel, scheme, bool(r["flags"].get("DROPOUT")))] = r
+        return out
+
+    def cells(r):
+        if r is None:
+            return "- | - | - | -"
+        score = f"{r['per_score']:.1f}" if r["per_score"] else "-"
+        serial = " (wgmma serialized)" if r.get("serialized") else ""
+        return f"{r['tile']}/{r['warps']}w/{r['stages']}s {r['kind']} | {r['registers']} | {r['stack']} | {score}{serial}"
+
+    old, new = index(before), index(after)
+    keys = sorted(set(old) | set(new), key=lambda k: (k[0], KERNEL_ORDER.index(k[1]), k[2], k[3]))
+    out = ["| case | kernel | scheme | dropout | before: tile | registers | spills (B) | instr./score "
+           "| after: tile | registers | spills (B) | instr./score |", "|" + " --- |" * 12]
+    for key in keys:
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {'0.1' if key[3] else '0'} | {cells(old.get(key))} "
+                   f"| {cells(new.get(key))} |")
+    return "\n".join(out)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
@@ -292,6 +339,8 @@ def main(argv=None):
                    metavar="KERNEL=M,N,WARPS[,STAGES]", help="compile this tile instead of GPU_TILES' (repeatable)")
     p.add_argument("--sinkhorn", type=int, default=3, metavar="N",
                    help="also compile the Sinkhorn kernels with N rounds (default 3; 1: none)")
+    p.add_argument("--version", choices=tuple(VERSIONS), default="v1",
+                   help="which kernels: v1 (triton_flash.py, default) or v2 (triton_flash_v2.py)")
     p.add_argument("--length", type=int, default=100,
                    help="sequence length of the calls (default 100: not a multiple of 16, as most batches)")
     p.add_argument("--batch", type=int, default=8, help="sentences of the calls (default 8)")
@@ -311,7 +360,13 @@ def main(argv=None):
                         "what a block may use on sm_86/sm_89 GPUs)")
     p.add_argument("--max-dropout-ratio", type=float, metavar="X",
                    help="exit 1 if a kernel's loop with dropout has more than X times its instructions without")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
+                   help="only print the side-by-side table of two --json runs (e.g. --version v1 and v2)")
     args = p.parse_args(argv)
+    if args.compare:
+        before, after = (json.loads(Path(path).read_text())["rows"] for path in args.compare)
+        print(compare_table(before, after))
+        return 0
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
     args.tiles = dict(args.tiles)

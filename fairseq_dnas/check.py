@@ -84,6 +84,7 @@ def device_line(device: torch.device) -> str:
 
 
 def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.device):
+    from fairseq_dnas.attention.kernels import triton_kernels
     from fairseq_dnas.attention.selfcheck import Config
 
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -93,7 +94,7 @@ def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.de
                 for dropout in dropouts:
                     for iters in sinkhorns:
                         yield Config(str(device), DTYPES[dtype], int(head), scheme, dropout == "on", int(iters), True,
-                                     tf32 and dtype == "float32")
+                                     tf32 and dtype == "float32", triton_kernels(int(iters)))
 
 
 HEADER = (f"{'scheme':6} {'dtype':9} {'head':>4} {'dropout':7} {'sinkhorn':>8}  "
@@ -141,8 +142,11 @@ def speed_and_memory(device: torch.device, dtype: torch.dtype, *, batch: int, he
                      head_dim: int, repeats: int = 20) -> Dict[str, Dict[str, Optional[float]]]:
     """Forward + backward of torch's scaled_dot_product_attention, DNAS and
     HNAS (Triton kernels, no padding, no dropout): median milliseconds and
-    peak MiB (CUDA only; None elsewhere)."""
-    from fairseq_dnas.attention import triton_flash
+    peak MiB (CUDA only; None elsewhere). The kernels are those
+    ``FAIRSEQ_DNAS_TRITON_KERNELS`` selects (``kernels.triton_kernels``)."""
+    from fairseq_dnas.attention.kernels import triton_module
+
+    triton_flash = triton_module()
 
     g = torch.Generator().manual_seed(0)
     shape = (batch, heads, length, head_dim)
@@ -196,6 +200,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     print(f"device: {device_line(device)}")
     from fairseq_dnas.attention import selfcheck
+    from fairseq_dnas.attention.kernels import KERNELS_ENV, triton_kernels
+
+    print(f"kernels: {triton_kernels()} (${KERNELS_ENV}; Sinkhorn iterations > 1 run v1)")
 
     dtypes = list(args.dtypes)
     if args.interpret and "bfloat16" in dtypes:

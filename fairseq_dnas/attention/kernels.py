@@ -51,6 +51,14 @@ fallback on compile/launch errors stays).
 
 The environment variable ``FAIRSEQ_DNAS_ATTENTION_PATH`` (or the ``path``
 argument) forces a path, for tests and benchmarks.
+
+Which Triton kernels (``triton_kernels``, the one place that decides):
+``FAIRSEQ_DNAS_TRITON_KERNELS`` = ``v1`` (``triton_flash.py``: five kernels
+a step, the key-major backward with three accumulators), ``v2``
+(``triton_flash_v2.py``: four kernels a step, the small reductions folded
+in, q centred once per head, exp2 domain, no atomics) or ``auto`` (default):
+``v1`` until a GPU has timed ``v2`` faster (docs/performance.md). Sinkhorn
+iterations > 1 always run ``v1`` (``triton_sinkhorn.py`` extends only it).
 """
 
 import importlib.util
@@ -67,6 +75,12 @@ from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
 
 PATHS = ("auto", "materialized", "dense", "flash", "blockwise", "fused", "triton")
 PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
+KERNELS_ENV = "FAIRSEQ_DNAS_TRITON_KERNELS"
+KERNEL_VERSIONS = ("auto", "v1", "v2")
+# What ``auto`` runs: v1 until a GPU has timed v2 faster on the kernels-alone
+# benchmark (benchmarks/benchmark.py --sections kernels); the change that
+# measures it flips this and records the figures in docs/performance.md.
+AUTO_KERNELS = "v1"
 # Device types on which ``auto`` takes the Triton kernels. Tests add "cpu" to
 # drive the auto path (its first-use check and fallback) under Triton's interpreter.
 AUTO_TRITON_DEVICES = ("cuda",)
@@ -152,6 +166,31 @@ def requested_path(path: Optional[str] = None) -> str:
             f"choose one of {', '.join(PATHS)}"
         )
     return requested
+
+
+def triton_kernels(sinkhorn_iters: int = 1) -> str:
+    """Which Triton kernels run: 'v1' or 'v2', from ``FAIRSEQ_DNAS_TRITON_KERNELS``
+    (``auto``, the default, is ``AUTO_KERNELS``). Sinkhorn iterations > 1
+    run 'v1' whatever is asked (only v1 has the extra normalization rounds).
+    A value other than auto, v1, v2 raises ValueError naming them."""
+    value = os.environ.get(KERNELS_ENV, "auto") or "auto"
+    if value not in KERNEL_VERSIONS:
+        raise ValueError(f"${KERNELS_ENV}={value!r} is not a kernel version; choose one of "
+                         f"{', '.join(KERNEL_VERSIONS)} (auto: {AUTO_KERNELS} until a GPU has timed v2)")
+    version = AUTO_KERNELS if value == "auto" else value
+    return "v1" if sinkhorn_iters > 1 else version
+
+
+def triton_module(sinkhorn_iters: int = 1, version: Optional[str] = None):
+    """The module of the kernels ``version`` names, by default those
+    ``triton_kernels`` picks (imports triton): ``triton_flash`` or
+    ``triton_flash_v2``; both have ``triton_attention`` and ``dropout_mask``
+    (the same mask)."""
+    if (version or triton_kernels(sinkhorn_iters)) == "v2":
+        from fairseq_dnas.attention import triton_flash_v2 as module
+    else:
+        from fairseq_dnas.attention import triton_flash as module
+    return module
 
 
 def fallback_path(q: Tensor, *, sinkhorn_iters: int = 1, needs_probs: bool = False) -> str:
@@ -325,7 +364,7 @@ def _attend_triton_checked(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, n
     where they cannot compile or launch now (then off from here on)."""
     p = _triton_dropout_p(dropout)  # a caller's error, not the kernels': raised
     config = selfcheck.config_of(q, scheme, padding=pad is not None or qpad is not None, dropout=p > 0,
-                                 sinkhorn_iters=sinkhorn_iters)
+                                 sinkhorn_iters=sinkhorn_iters, kernels=triton_kernels(sinkhorn_iters))
     if not selfcheck.triton_usable(config):
         return None
     try:
@@ -339,10 +378,8 @@ def _attend_triton_checked(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, n
 
 
 def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters=1):
-    from fairseq_dnas.attention import triton_flash  # imports triton: only when chosen
-
     p = _triton_dropout_p(dropout)
-    out = triton_flash.triton_attention(
+    out = triton_module(sinkhorn_iters).triton_attention(  # imports triton: only when chosen
         q, k, v,
         hybrid_weight=hybrid_weight if scheme == "hnas" else None,
         key_padding_mask=pad,

@@ -68,20 +68,24 @@ class Config:
     sinkhorn_iters: int
     padding: bool
     tf32: bool = False  # float32 products on TF32 tensor cores (torch's allow_tf32)
+    kernels: str = "v1"  # which Triton kernels (kernels.triton_kernels): v1 or v2
 
     def describe(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
         if self.dtype == torch.float32 and self.tf32:
             dtype += " (TF32)"
         return (f"{self.scheme} {dtype}, head size {self.head_dim}, dropout {'on' if self.dropout else 'off'}, "
-                f"sinkhorn_iters {self.sinkhorn_iters}, padding {'on' if self.padding else 'off'}, {self.device}")
+                f"sinkhorn_iters {self.sinkhorn_iters}, padding {'on' if self.padding else 'off'}, {self.device}, "
+                f"{self.kernels} kernels")
 
 
-def config_of(q: Tensor, scheme: str, *, padding: bool, dropout: bool, sinkhorn_iters: int) -> Config:
-    """The configuration of a call with scaled queries ``q`` (B, H, T, D)."""
+def config_of(q: Tensor, scheme: str, *, padding: bool, dropout: bool, sinkhorn_iters: int,
+              kernels: str = "v1") -> Config:
+    """The configuration of a call with scaled queries ``q`` (B, H, T, D);
+    ``kernels`` is ``kernels.triton_kernels``'s choice."""
     tf32 = q.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
     return Config(str(q.device), q.dtype, int(q.shape[-1]), scheme, bool(dropout), int(sinkhorn_iters),
-                  bool(padding), tf32)
+                  bool(padding), tf32, kernels)
 
 
 def tolerances(config: Config) -> Tuple[float, float]:
@@ -176,8 +180,9 @@ def compare(config: Config, *, batch: int, heads: int, length: int) -> Result:
     p = DROPOUT_P if config.dropout else 0.0
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         try:
-            from fairseq_dnas.attention import triton_flash
+            from fairseq_dnas.attention.kernels import triton_module
 
+            triton_flash = triton_module(config.sinkhorn_iters, config.kernels)
             q, k, v = (x.to(device, config.dtype).requires_grad_() for x in (q64, k64, v64))
             u = None if u64 is None else u64.to(device, torch.float32).requires_grad_()
             mask = None if mask64 is None else mask64.to(device)

@@ -173,6 +173,31 @@ DROP_BITS = 8  # bits per keep/drop decision: 16 decisions per Philox call
 # --------------------------------------------------------------------------
 
 
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e): the v2 kernels' exp2 domain
+
+
+@triton.jit
+def _exp(x, EXP2: tl.constexpr):
+    """e^x, or with EXP2 2^x (x then in log2 units: one ex2 instruction, no multiply)."""
+    return tl.exp2(x) if EXP2 else tl.exp(x)
+
+
+@triton.jit
+def _log(x, EXP2: tl.constexpr):
+    """ln x, or with EXP2 log2 x."""
+    return tl.log2(x) if EXP2 else tl.log(x)
+
+
+@triton.jit
+def _dropout_setup(SEED, drop_threshold, DROPOUT: tl.constexpr):
+    """(seed, 1 / (1 - p_eff), ``_threshold_pair``) of a kernel that drops;
+    (0, 1.0, 0) without dropout."""
+    if DROPOUT:
+        return tl.load(SEED), _dropout_scale(drop_threshold), _threshold_pair(drop_threshold)
+    else:
+        return 0, 1.0, 0
+
+
 @triton.jit
 def _program(T, H, BLOCK: tl.constexpr, INT64: tl.constexpr):
     """(block index, batch * head, batch, head) of this program on the 1-D

@@ -88,6 +88,7 @@ from fairseq_dnas.attention import triton_sinkhorn
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: the tools read them here)
     DTYPES,
+    LOG2E,
     GPU_TILES,
     INTERPRETED,
     INTERPRETER_TILES,
@@ -99,7 +100,10 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
     _column_lse_kernel,
     _dropout_scale,
     _dropout_bytes,
+    _dropout_setup,
     _dropped,
+    _exp,
+    _log,
     _keep,
     _load_tile,
     _offsets,
@@ -128,13 +132,15 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
 
 
 @triton.jit
-def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+                         EXP2: tl.constexpr = False):
     """One key block of an online softmax (FlashAttention): running row max m,
     row sum l of exp(s - m) (dropout does not change the normalizer) and
-    accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max."""
+    accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max
+    (EXP2: s in log2 units, powers of 2)."""
     m_new = tl.maximum(m, tl.max(s, 1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m - m_new)
+    p = _exp(s - m_new[:, None], EXP2)
+    alpha = _exp(m - m_new, EXP2)
     l = l * alpha + tl.sum(p, 1)
     p = p.to(v.dtype)
     if DROPOUT:  # on the rounded p, where a pair of keys is one 32-bit register (_dropped)
@@ -151,13 +157,16 @@ def _forward_kernel(
     H, TQ, TK, D, drop_threshold,
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
     INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EXP2: tl.constexpr = False,
 ):
     """out = pi V for one query block: DNAS (softmax with key bias -c), and for
     HNAS the UNAS softmax of the same scores in a second accumulator. OUT and
     OD share the strides so_*. Key padding comes with c (+inf at padded keys,
     ``_column_lse_kernel``): no mask is loaded in the loop. Rows with no
     weight (padded queries, no real key) get r = +inf, which zeroes their
-    probabilities in the backward kernels without a mask either."""
+    probabilities in the backward kernels without a mask either. EXP2 (the
+    v2 kernels, ``triton_flash_v2.py``): c and the r written in log2 units,
+    scores scaled by log2 e once after their matmul, powers of 2."""
     pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
     offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
@@ -181,14 +190,17 @@ def _forward_kernel(
         # c = +inf at padded keys and past T_k: s - c = -inf, weight 0
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
+        if EXP2:
+            s *= LOG2E
         byte = None
         if DROPOUT:
             byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
         # DNAS: softmax of s - c (step 4 as a key bias).
-        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT, PRECISION)
+        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT, PRECISION,
+                                               EXP2)
         if HYBRID:  # UNAS: softmax of the same scores (step 3), padded keys (c = inf) left out
             s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
-            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
+            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION, EXP2)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     if DROPOUT:
@@ -197,14 +209,14 @@ def _forward_kernel(
         scale = 1.0
     l_d = tl.where(ok_d, l_d, 1.0)
     o_d = tl.where(ok_d[:, None], acc_d * (scale / l_d)[:, None], 0.0)
-    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log(l_d), float("inf")), mask=offs_m < TQ)
+    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + _log(l_d, EXP2), float("inf")), mask=offs_m < TQ)
     out_base = OUT + b * so_b + h * so_h
     if HYBRID:
         u = tl.load(U + h)
         ok_u = real_q & (l_u > 0)
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
-        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), float("inf")), mask=offs_m < TQ)
+        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + _log(l_u, EXP2), float("inf")), mask=offs_m < TQ)
         _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
     else:
@@ -244,6 +256,71 @@ def _backward_preprocess_kernel(
 
 
 @triton.jit
+def _key_block(K, V, C, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D,
+               HAS_PAD: tl.constexpr, INT64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What a key-major program holds through its loop: (block, batch * head,
+    batch, head, key offsets, head-dimension offsets, real keys, k, v, c; c =
+    +inf at padded keys and past T_k)."""
+    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
+    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
+    offs_d = _offsets(0, BLOCK_D, INT64)
+    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+    return pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c
+
+
+@triton.jit
+def _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, start_n, TK, BLOCK_N: tl.constexpr,
+             DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr):
+    """One (keys, queries) tile of the key-major backward: scores s^T (EXP2:
+    in log2 units), pi_D^T (0 at padded keys and queries: c, r = inf), G / scale
+    = Z (dO V^T), the dropout bytes (0 without dropout) and the softmax
+    gradient of the DNAS part at fixed c, t = pi_D (u G - E_D)."""
+    s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
+    if EXP2:
+        s_t *= LOG2E
+    p_d = _exp(s_t - c[:, None] - r_d[None, :], EXP2)
+    g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
+    byte = 0
+    if DROPOUT:
+        byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N, True)  # (N, M)
+        g = _dropped(g, byte, t_pair)
+    return s_t, p_d, g, byte, p_d * (u_g * g - e_d[None, :])
+
+
+@triton.jit
+def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte, t_pair,
+                HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr):
+    """HNAS's UNAS part added to t (its column sum to tu, dL/du's to du), and
+    dv += (Z pi_H)^T dO (times scale at the end; pi_H = pi_D for DNAS)."""
+    if HYBRID:
+        t_u, du_j, p = _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2)
+        tu += tl.sum(t_u, 1)
+        t += t_u
+        du += du_j
+    else:
+        p = p_d
+    p = p.to(do.dtype)
+    if DROPOUT:
+        p = _dropped(p, byte, t_pair)
+    return t, tu, du, dv + tl.dot(p, do, input_precision=PRECISION)
+
+
+@triton.jit
+def _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2: tl.constexpr):
+    """HNAS's UNAS part of a key-major tile (keys, queries): t_U = pi_U ((1 - u) G - E_U),
+    this tile's dL/du = sum_i G (pi_D - pi_U) (times scale at the end) and the mixture
+    pi_H = u pi_D + (1 - u) pi_U. pi_U^T is 0 at padded keys (real_k) and queries (r_u = inf)."""
+    r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+    e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+    p_u = tl.where(real_k[:, None], _exp(s_t - r_u[None, :], EXP2), 0.0)
+    t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
+    return t_u, tl.sum(g * (p_d - p_u), 1), u * p_d + (1.0 - u) * p_u
+
+
+@triton.jit
 def _backward_kv_kernel(
     Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, QM, DK, DV, DC, DU, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
@@ -270,25 +347,15 @@ def _backward_kv_kernel(
     Padding: c = +inf at padded keys and r = +inf at padded queries (the
     forward's convention) zero pi_D and pi_U without a mask in the loop; the
     key mask, loaded once, keeps pi_U's padded keys out."""
-    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
-    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
-    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+    pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c = _key_block(
+        K, V, C, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D, HAS_PAD, INT64, BLOCK_N, BLOCK_D)
     mu = tl.load(QM + bh * D + offs_d, mask=offs_d < D, other=0.0)  # float32 mean query
     if HYBRID:
         u = tl.load(U + h)
     else:
         u = 1.0
-    t_pair = 0
-    if DROPOUT:  # G = Z' (dO V^T) = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
-        seed = tl.load(SEED)
-        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
-        t_pair = _threshold_pair(drop_threshold)
-    else:
-        scale = 1.0
+    # G = Z' (dO V^T) = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
+    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk_t = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (ds - xi dc)[i, j] (q_i - mu)
@@ -303,13 +370,8 @@ def _backward_kv_kernel(
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
         e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
-        p_d = tl.exp(s_t - c[:, None] - r_d[None, :])  # pi_D^T, 0 at padded keys and queries
-        g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
-        if DROPOUT:
-            byte = _dropout_bytes(seed, bh, offs_m, pid_n * BLOCK_N, TK, BLOCK_N, True)  # (N, M)
-            g = _dropped(g, byte, t_pair)  # G / scale = Z (dO V^T)
-        t = p_d * (u_g * g - e_d[None, :])  # softmax gradient of the DNAS part at fixed c
+        s_t, p_d, g, byte, t = _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, pid_n * BLOCK_N,
+                                         TK, BLOCK_N, DROPOUT, PRECISION, False)
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
         if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
             r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
@@ -320,27 +382,24 @@ def _backward_kv_kernel(
         # q - mu, rounded once to the input dtype (rows with p_d = 0 contribute nothing)
         qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)
         dk_x += tl.dot(xi.to(q.dtype), qc, input_precision=PRECISION)
-        if HYBRID:
-            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            p_u = tl.where(real_k[:, None], tl.exp(s_t - r_u[None, :]), 0.0)  # pi_U^T (r_u = inf: padded query)
-            t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
-            tu += tl.sum(t_u, 1)
-            t += t_u
-            du += tl.sum(g * (p_d - p_u), 1)  # dL/du = <G, pi_D - pi_U> (times scale at the end)
-            p = u * p_d + (1.0 - u) * p_u
-        else:
-            p = p_d
-        p = p.to(do.dtype)
-        if DROPOUT:
-            p = _dropped(p, byte, t_pair)
-        dv += tl.dot(p, do, input_precision=PRECISION)  # dv_j = sum_i Z pi_H dO_i (times scale)
+        t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte,
+                                    t_pair, HYBRID, DROPOUT, PRECISION, False)
         dk_t += tl.dot(t.to(q.dtype), qc, input_precision=PRECISION)
     # dk_j = sum_i ds[i, j] q_i, ds[i, j] = t[i, j] + xi[i, j] dc[j]: the sum over (q_i - mu),
     # plus mu times the column sum of ds, which only HNAS's UNAS part leaves
     dk = dk_t + dc[:, None] * dk_x
     if HYBRID:
         dk += tu[:, None] * mu[None, :]
+    _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, offs_d,
+              sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d, TK, D, BLOCK_N, HYBRID, DROPOUT)
+
+
+@triton.jit
+def _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, offs_d,
+              sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d, TK, D, BLOCK_N: tl.constexpr,
+              HYBRID: tl.constexpr, DROPOUT: tl.constexpr):
+    """The key-major pass's results for one key block: dk, dv (times the dropout
+    scale), dc and, for HNAS, the block's share of dL/du (times the scale)."""
     if DROPOUT:
         dv *= scale
         du *= scale
@@ -353,15 +412,20 @@ def _backward_kv_kernel(
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
-    H, TQ, TK, D, drop_threshold,
+    B, H, TQ, TK, D, drop_threshold,
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, SINKHORN: tl.constexpr,
     PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EXP2: tl.constexpr = False, SUM_DU: tl.constexpr = False, KV_BLOCK_N: tl.constexpr = 16,
 ):
     """dq_i = sum_j ds[i, j] k_j for one query block, with dc from the kv pass.
+
+    The v2 kernels (``triton_flash_v2.py``) run it with EXP2 (c and r in log2
+    units, powers of 2) and SUM_DU (``_sum_du``: dL/du added up here from the
+    kv pass's per-key-block sums, instead of a torch sum).
 
     ds is float32 and rounded to the input dtype only for the matmul. Bound
     (float16): with G_max = max |G| = max |dO_i . v_j| / (1 - p) (dO carries
@@ -389,7 +453,7 @@ def _backward_q_kernel(
         r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
         r_x = r_d
-    exp_r = tl.where(real_q, tl.exp(r_x), 0.0)  # not 0 * exp(inf) = NaN at padded rows
+    exp_r = tl.where(real_q, _exp(r_x, EXP2), 0.0)  # not 0 * exp(inf) = NaN at padded rows
     if HYBRID:
         u = tl.load(U + h)
         r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
@@ -417,17 +481,35 @@ def _backward_q_kernel(
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        p_d = tl.exp(s - c[None, :] - r_d[:, None])  # 0 at padded keys (c = inf) and queries (r_d = inf)
+        if EXP2:
+            s *= LOG2E
+        p_d = _exp(s - c[None, :] - r_d[:, None], EXP2)  # 0 at padded keys (c = inf) and queries (r_d = inf)
         g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
             g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
         ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
-            p_u = tl.where(c[None, :] < float("inf"), tl.exp(s - r_u[:, None]), 0.0)  # padded keys: 0
+            p_u = tl.where(c[None, :] < float("inf"), _exp(s - r_u[:, None], EXP2), 0.0)  # padded keys: 0
             ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
+    if SUM_DU:
+        if (pid_m == 0) & (b == 0):
+            _sum_du(DU_PART, DU, B, H, h, TK, KV_BLOCK_N)
+
+
+@triton.jit
+def _sum_du(DU_PART, DU, B, H, h, TK, KV_BLOCK_N: tl.constexpr):
+    """DU[h] = the sum of DU_PART[b, h, :] over b and the cdiv(TK, KV_BLOCK_N)
+    key blocks, in a fixed order (deterministic)."""
+    blocks = tl.cdiv(TK, KV_BLOCK_N)
+    total = tl.zeros([KV_BLOCK_N], tl.float32)
+    for bb in range(0, B):
+        for start in range(0, blocks, KV_BLOCK_N):
+            offs = start + tl.arange(0, KV_BLOCK_N)
+            total += tl.load(DU_PART + (bb * H + h) * blocks + offs, mask=offs < blocks, other=0.0)
+    tl.store(DU + h, tl.sum(total, 0))
 
 
 # --------------------------------------------------------------------------
@@ -463,15 +545,18 @@ def query_mean(q: Tensor, qpad: Optional[Tensor]) -> Tensor:
     return mean.reshape(bsz, heads, d).float().contiguous()
 
 
+def call_facts(q: Tensor, k: Tensor, u: Optional[Tensor], kpad: Optional[Tensor], p_drop: float):
+    """((B, H, T_q, T_k, D), the dropout threshold, (HNAS?, dropout?, padding?)) of a call."""
+    threshold = dropout_threshold(p_drop)
+    return (*q.shape[:3], k.shape[2], q.shape[3]), threshold, (u is not None, threshold > 0, kpad is not None)
+
+
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     """Output, HNAS's O_D, the key bias c (DNAS: the column normalizer; with
     Sinkhorn iterations the last one, a_n), row lse's r_d (r_u) and, with
     Sinkhorn iterations, the normalizer stacks (a, b) of triton_sinkhorn."""
-    bsz, heads, tq, d = q.shape
-    tk = k.shape[2]
+    (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
-    threshold = dropout_threshold(p_drop)
-    hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
     r_d = torch.empty((bsz, heads, tq), **f32)
     r_u = torch.empty((bsz, heads, tq), **f32) if hybrid else r_d
     out = _output_buffer(q, v.dtype)
@@ -497,6 +582,20 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     return out, o_d, c, r_d, r_u, normalizers
 
 
+def backward_buffers(q: Tensor, k: Tensor, hybrid: bool, kv_block: int):
+    """E_D, E_U (B, H, T_q; E_U only for HNAS, else E_D again), dc (B, H, T_k)
+    and HNAS's per-key-block sums of dL/du (B, H, cdiv(T_k, kv_block); else dc
+    again): float32, uninitialized (the kernels write every element)."""
+    bsz, heads, tq, _ = q.shape
+    tk = k.shape[2]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    e_d = torch.empty((bsz, heads, tq), **f32)
+    dc = torch.empty((bsz, heads, tk), **f32)
+    if not hybrid:
+        return e_d, e_d, dc, dc
+    return e_d, torch.empty((bsz, heads, tq), **f32), dc, torch.empty((bsz, heads, triton.cdiv(tk, kv_block)), **f32)
+
+
 def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers=None,
               center_queries=True):
     """dq, dk, dv (each in a buffer of its own layout, ``_gradient_buffer``)
@@ -507,12 +606,8 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
     threshold = dropout_threshold(p_drop)
     hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
     f32 = dict(dtype=torch.float32, device=q.device)
-    e_d = torch.empty((bsz, heads, tq), **f32)
-    e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
-    dc = torch.empty((bsz, heads, tk), **f32)
     kv_m, kv_n, kv_warps, kv_stages = _tiles("backward_kv", d, q.dtype)
-    n_kblocks = triton.cdiv(tk, kv_n)
-    du_part = torch.empty((bsz, heads, n_kblocks), **f32) if hybrid else dc
+    e_d, e_u, dc, du_part = backward_buffers(q, k, hybrid, kv_n)
     dq, dk, dv = _gradient_buffer(q), _gradient_buffer(k), _gradient_buffer(v)
     mu = query_mean(q, qpad) if center_queries else torch.zeros((bsz, heads, d), **f32)
     qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
@@ -536,9 +631,9 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
         )
         bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq,
+            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, dc, dc,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-            heads, tq, tk, d, threshold,
+            bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
             **{key: value for key, value in flags.items() if key != "HAS_PAD"},  # padding comes with c and r
         )
@@ -591,6 +686,7 @@ def triton_attention(
     dropout_p: float = 0.0,
     seed: Optional[Tensor] = None,
     sinkhorn_iters: int = 1,
+    function: Optional[type] = None,
 ) -> Tensor:
     """DNAS (or, with ``hybrid_weight``, HNAS) attention output (B, H, T_q, D).
 
@@ -602,7 +698,9 @@ def triton_attention(
     drawn with ``new_seed`` when None), at the rate ``effective_dropout_p``
     (p rounded to a multiple of 1/256; ``triton_common``); p = 1 gives
     zeros. ``sinkhorn_iters`` > 1 repeats the (column, row) normalization of
-    DNAS (``triton_sinkhorn.py``).
+    DNAS (``triton_sinkhorn.py``). ``function``: the autograd function that
+    runs other kernels with one normalization round (``triton_flash_v2``'s;
+    None: these).
     """
     check_sinkhorn_iters(sinkhorn_iters)
     dropout_threshold(dropout_p)  # a probability, else ValueError
@@ -615,6 +713,8 @@ def triton_attention(
             query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
     if dropout_p > 0 and seed is None:
         seed = new_seed(q.device)
+    if function is not None and sinkhorn_iters == 1:  # v2: no seed buffer without dropout (no fill)
+        return function.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask, float(dropout_p), seed)
     if seed is None:
         seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
     return TritonAttention.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,

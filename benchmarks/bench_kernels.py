@@ -1,0 +1,137 @@
+"""The ``kernels`` section of benchmark.py: the attention kernels alone,
+forward + backward, against PyTorch's scaled_dot_product_attention (SDPA:
+cuDNN or FlashAttention-2 on an H100), v1 and v2 side by side (issue 28).
+
+B 8, H 16, D 64, float16, T 512 to 4096, attention dropout 0 and 0.1, no
+padding. Per case: wall milliseconds a step (median over rounds,
+synchronized), kernel milliseconds (the sum of the GPU kernels' own times in
+one profiled step, torch.profiler), kernels a step, and both as ratios to
+SDPA measured in the same run; beside them the floor that operation counts
+allow (``floor``): matmuls and exponentials per score element of the
+algorithm against FlashAttention-2's, an exponential weighed as 1.5 matmuls
+when they do not overlap (issue 28's 1.3x / 1.5x for DNAS). On CPU the
+section runs only under Triton's interpreter with --quick (tiny sizes: it
+checks that the code runs; the numbers mean nothing).
+"""
+
+import statistics
+import time
+
+import torch
+
+import bench_common as common
+from bench_common import log
+
+SIZES = dict(batch=8, heads=16, head_dim=64)
+LENGTHS = (512, 1024, 2048, 4096)
+QUICK = dict(batch=1, heads=1, head_dim=16, lengths=(32,))
+EXP_WEIGHT = 1.5  # an exponential per score, in matmuls per score, where the two do not overlap
+# (matmuls, exponentials) per score element, forward + backward
+OPS = {
+    "fa2": (7, 2),        # FlashAttention-2: QK^T, PV | QK^T, dO V^T, dV, dK, dQ; one exp each way
+    "dnas": (9, 4),       # the lean DNAS: + the column pass (K Q^T) | + the pre-pass (QK^T, P^T dO)
+    "hnas": (10, 5),      # + HNAS's second P V product and its exp in the forward
+    "dnas v1": (11, 4),   # triton_flash: column (1) + forward (2) + kv (5) + q (3)
+    "hnas v1": (12, 7),   # + P_U V in the forward, P_U recomputed in both backward passes
+    "dnas v2": (11, 4),   # triton_flash_v2: column (2: + X_j) + forward (2) + kv (4) + q (3)
+    "hnas v2": (12, 7),
+}
+
+
+def floor(name: str):
+    """(overlapped, serial) ratio of ``name``'s operation count to FlashAttention-2's."""
+    mm, ex = OPS[name]
+    fa_mm, fa_ex = OPS["fa2"]
+    return mm / fa_mm, (mm + EXP_WEIGHT * ex) / (fa_mm + EXP_WEIGHT * fa_ex)
+
+
+def _kernel_ms(step):
+    """(GPU kernel milliseconds, kernels) of one step; (None, None) on CPU."""
+    if common.DEVICE.type != "cuda":
+        return None, None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time for e in kernels) / 1e3, len(kernels)
+
+
+def kernels_section(args):
+    """Rows: length, dropout, case (sdpa, dnas v1, dnas v2, hnas v1, hnas v2),
+    wall and kernel milliseconds, kernels a step, ratios to SDPA, floor."""
+    from fairseq_dnas.attention import triton_common, triton_flash, triton_flash_v2
+
+    if common.DEVICE.type != "cuda" and not (args.quick and triton_common.INTERPRETED):
+        log("kernels: skipped (needs CUDA; on CPU only with --quick under TRITON_INTERPRET=1)")
+        return [{"skipped": "needs CUDA (or --quick under TRITON_INTERPRET=1)"}]
+    sizes = QUICK if args.quick else dict(SIZES, lengths=LENGTHS)
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for length in sizes["lengths"]:
+        shape = (sizes["batch"], sizes["heads"], length, sizes["head_dim"])
+        q, k, v, grad = (torch.randn(shape, generator=gen).to(common.DEVICE, dtype) for _ in range(4))
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        u = torch.full((sizes["heads"],), 0.5, device=common.DEVICE, requires_grad=True)
+        for p in (0.0, 0.1):
+            runs = {
+                "sdpa": lambda p=p: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p),
+                "dnas v1": lambda p=p: triton_flash.triton_attention(q, k, v, dropout_p=p),
+                "dnas v2": lambda p=p: triton_flash_v2.triton_attention(q, k, v, dropout_p=p),
+                "hnas v1": lambda p=p: triton_flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
+                "hnas v2": lambda p=p: triton_flash_v2.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
+            }
+            inputs = {name: (q, k, v, u) if name.startswith("hnas") else (q, k, v) for name in runs}
+            steps = {name: (lambda f=f, name=name: torch.autograd.grad(f(), inputs[name], grad))
+                     for name, f in runs.items()}
+            times = {name: [] for name in steps}
+            for _ in range(args.warmup):
+                for step in steps.values():
+                    step()
+            for _ in range(args.rounds):  # interleaved rounds: drift hits every case alike
+                for name, step in steps.items():
+                    common.synchronize()
+                    start = time.perf_counter()
+                    step()
+                    common.synchronize()
+                    times[name].append((time.perf_counter() - start) * 1e3)
+            base_wall = statistics.median(times["sdpa"])
+            base_kernel, _ = _kernel_ms(steps["sdpa"])
+            for name, step in steps.items():
+                wall = statistics.median(times[name])
+                kernel, launched = _kernel_ms(step)
+                scheme = name.split()[0]
+                row = dict(length=length, dropout=p, case=name, wall_ms=wall, wall_ratio=wall / base_wall,
+                           kernel_ms=kernel, kernels=launched,
+                           kernel_ratio=None if kernel is None else kernel / base_kernel, **sizes)
+                row.pop("lengths")
+                if scheme != "sdpa":
+                    row["floor"] = floor(scheme)
+                    row["floor_as_built"] = floor(name)
+                rows.append(row)
+                kernel_text = "-" if kernel is None else f"{kernel:.3f} ms ({row['kernel_ratio']:.2f}x, {launched} kernels)"
+                floor_text = ("" if scheme == "sdpa" else
+                              f"  floor {row['floor'][0]:.2f}-{row['floor'][1]:.2f}x FA2")
+                log(f"kernels T={length} p={p} {name:8s} wall {wall:.3f} ms ({row['wall_ratio']:.2f}x)  "
+                    f"kernels {kernel_text}{floor_text}")
+    return rows
+
+
+def render(rows):
+    """Markdown table of the section."""
+    lines = ["| T | dropout | case | wall ms | x SDPA | kernel ms | x SDPA | kernels | floor x FA2 "
+             "(overlap-serial) | as built |", "|" + " --- |" * 10]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| - | - | skipped: {r['skipped']} | | | | | | | |")
+            continue
+        kernel = "-" if r["kernel_ms"] is None else f"{r['kernel_ms']:.3f}"
+        kratio = "-" if r["kernel_ratio"] is None else f"{r['kernel_ratio']:.2f}"
+        fl, built = (f"{r[key][0]:.2f}-{r[key][1]:.2f}" if key in r else "-" for key in ("floor", "floor_as_built"))
+        lines.append(f"| {r['length']} | {r['dropout']} | {r['case']} | {r['wall_ms']:.3f} | {r['wall_ratio']:.2f} "
+                     f"| {kernel} | {kratio} | {r['kernels'] if r['kernels'] is not None else '-'} | {fl} | {built} |")
+    lines.append("")
+    return lines
