@@ -64,8 +64,18 @@ def read_gold(path):
     return [line.split("\t")[1] for line in lines[1:]]
 
 
+def majority_baseline(out, depths, gold):
+    """accuracy_by_depth of always predicting the training set's most
+    frequent value (0: x * 0 = 0 makes it about twice as frequent as the
+    others), the floor that learning must clear (not chance, 20%)."""
+    train = read_gold(os.path.join(out, "data", "train.infix.tsv"))
+    top = max(sorted(set(train)), key=train.count)
+    return accuracy_by_depth([top] * len(gold), gold, depths), top
+
+
 def collect(out):
-    """{(model, view): [accuracy_by_depth per seed]} of the finished runs."""
+    """({(model, view): [accuracy_by_depth per seed]} of the finished runs,
+    (majority baseline, its value))."""
     depths = [int(x) for x in open(os.path.join(out, "data", "test.depth")).read().split()] \
         if os.path.isfile(os.path.join(out, "data", "test.depth")) else None
     if depths is None:
@@ -81,7 +91,7 @@ def collect(out):
             if view not in gold:
                 raise BadInput(f"{path}: unknown view {view!r} (choose from {', '.join(VIEWS)})")
             runs.setdefault((m.group(1), view), []).append(accuracy_by_depth(preds, gold[view], depths))
-    return runs
+    return runs, majority_baseline(out, depths, gold["infix"])
 
 
 def cell(values):
@@ -91,7 +101,7 @@ def cell(values):
     return f"{m:.1f}" if se != se else f"{m:.1f} +- {se:.1f}"  # se is nan with one seed
 
 
-def table(runs):
+def table(runs, baseline=None):
     lines = ["| model | view | seeds | all depths | depth 1 | depth 2 | depth 3 | thesis: all | depth 1 | depth 2 | depth 3 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model in MODELS:
@@ -106,6 +116,10 @@ def table(runs):
                          + " | ".join(f"{x:.1f}" for x in thesis[1:]) + " |")
     if len(lines) == 2:
         raise BadInput("no finished run (no <model>-seed<N>/predictions.json)")
+    if baseline is not None:
+        acc, top = baseline
+        lines.append(f"| majority value ({top}) of training | - | - | "
+                     + " | ".join(cell([acc[k]]) for k in ("all", *DEPTHS)) + " | - | - | - | - |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,7 +131,7 @@ def main(argv=None):
     try:
         if not os.path.isdir(args.out_dir):
             raise BadInput(f"{args.out_dir}: no such folder")
-        text = table(collect(args.out_dir))
+        text = table(*collect(args.out_dir))
     except BadInput as err:
         print(f"arithmetic_table.py: error: {err}", file=sys.stderr)
         return 1

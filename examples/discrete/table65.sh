@@ -42,6 +42,7 @@ LAYERS="${LAYERS:-2}"                  # overrides the size's layers (0: keep th
 MAX_UPDATE="${MAX_UPDATE:-1500}"
 BATCH="${BATCH:-32}"
 LR="${LR:-1e-3}"
+DROPOUT="${DROPOUT:-0.1}"              # dropout and attention dropout
 WARMUP="${WARMUP:-100}"
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
 VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-500}"
@@ -55,6 +56,7 @@ check_number LAYERS
 check_choice ARCH_SIZE thesis small base
 [ "$N_VALID" -le "$N_TRAIN" ] || die "N_VALID=$N_VALID: at most N_TRAIN=$N_TRAIN (the monitor is a part of the training set)"
 [[ "$LR" =~ ^[0-9.]+(e-?[0-9]+)?$ ]] || die "LR=$LR: give a positive number (e.g. 1e-3)"
+[[ "$DROPOUT" =~ ^(0(\.[0-9]+)?|1(\.0*)?)$ ]] || die "DROPOUT=$DROPOUT: give a number from 0 to 1 (e.g. 0.1)"
 for m in $MODELS; do MODEL="$m" check_choice MODEL infix prefix multiview; done
 for s in $SEEDS; do SEED="$s" check_number SEED; done
 [ -n "${MODELS// /}" ] || die "MODELS is empty: choose from infix prefix multiview"
@@ -127,7 +129,7 @@ for item in "${RUNS[@]}"; do
   say "3/5 run $n_run/${#RUNS[@]}: $model seed $seed ($arch, $MAX_UPDATE updates of $BATCH)"
   ARGS=("$BIN/$model" --user-dir "$USER_DIR" --arch "$arch" "${SIZE_ARGS[@]}"
     --task "$task" --criterion "$task" --num-classes 5 --init-token 0
-    --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.01
+    --dropout "$DROPOUT" --attention-dropout "$DROPOUT" --weight-decay 0.01
     --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-6
     --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$WARMUP" --total-num-update "$MAX_UPDATE"
     --max-update "$MAX_UPDATE" --batch-size "$BATCH" --required-batch-size-multiple 1
