@@ -39,10 +39,10 @@ MODELS="${MODELS:-infix prefix multiview}"
 SEEDS="${SEEDS:-1 2 3}"
 ARCH_SIZE="${ARCH_SIZE:-thesis}"       # thesis (6 layers, 64 wide, FFN 128, 4 heads) | small | base
 LAYERS="${LAYERS:-2}"                  # overrides the size's layers (0: keep the size's)
-MAX_UPDATE="${MAX_UPDATE:-1500}"
+MAX_UPDATE="${MAX_UPDATE:-2500}"
 BATCH="${BATCH:-32}"
 LR="${LR:-1e-3}"
-DROPOUT="${DROPOUT:-0.1}"              # dropout and attention dropout
+DROPOUT="${DROPOUT:-0}"                # dropout and attention dropout (the data are noiseless)
 WARMUP="${WARMUP:-100}"
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
 VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-500}"
@@ -111,7 +111,9 @@ fi
 SIZE_ARGS=()
 [ "$LAYERS" != 0 ] && SIZE_ARGS=(--encoder-layers "$LAYERS")
 RUNS=()
-for m in $MODELS; do for s in $SEEDS; do RUNS+=("$m:$s"); done; done
+# Seed by seed (all models of a seed, then the next): an interrupted driver
+# leaves whole seeds to tabulate.
+for s in $SEEDS; do for m in $MODELS; do RUNS+=("$m:$s"); done; done
 n_run=0
 for item in "${RUNS[@]}"; do
   model="${item%%:*}" seed="${item#*:}"
