@@ -97,7 +97,8 @@ def test_driver_end_to_end_tiny(tmp_path):
     """Data, binarized views, one multiview run (2 updates, 1 layer), its
     predictions and the table; a second call skips what is done."""
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": ROOT, "OUT": str(out), "N_TRAIN": "60", "N_TEST": "12", "N_VALID": "6",
+    env = {**os.environ, "PYTHON": sys.executable, "FAIRSEQ_DNAS_CHECKED_PYTHON": sys.executable, "PYTHONPATH": ROOT,
+           "OUT": str(out), "N_TRAIN": "60", "N_TEST": "12", "N_VALID": "6",
            "MODELS": "multiview", "SEEDS": "1", "LAYERS": "1", "MAX_UPDATE": "2", "WARMUP": "1",
            "VALIDATE_INTERVAL": "2", "LOG_INTERVAL": "1", "PROGRESS": "0"}
     proc = subprocess.run(["bash", DRIVER], env=env, capture_output=True, text=True, timeout=600)
