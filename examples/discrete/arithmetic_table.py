@@ -25,7 +25,8 @@ DEPTHS = (1, 2, 3)
 MODELS = ("infix", "prefix", "multiview")
 VIEWS = ("infix", "prefix")
 # The thesis's Table 6.5 (accuracy %, all depths, depth 1, 2, 3); its "0.75"
-# for the prefix model at depth 1 reads as 75.0 (../shared/paper/README.md).
+# for the prefix model at depth 1 is read as 75.0: a share written as a
+# fraction among percentages (0.75% would be far below chance, 20%).
 THESIS = {
     ("prefix", "prefix"): ("TS TRANSFORMER prefix", 45.9, 75.0, 33.6, 29.2),
     ("infix", "infix"): ("TS TRANSFORMER infix", 66.0, 97.6, 63.7, 36.8),
