@@ -115,3 +115,9 @@ def test_driver_end_to_end_tiny(tmp_path):
     again = subprocess.run(["bash", DRIVER], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "multiview seed 1 done" in again.stderr
     assert "3/5" not in again.stderr and (out / "table.md").read_text().splitlines() == rows
+    # An unfinished run is not resumed under another schedule.
+    (out / "multiview-seed1" / "predictions.json").unlink()
+    changed = subprocess.run(["bash", DRIVER], env={**env, "MAX_UPDATE": "3"}, capture_output=True, text=True,
+                             timeout=600)
+    assert changed.returncode == 1 and "multiview-seed1 was prepared with other settings" in changed.stderr
+    assert "MAX_UPDATE=2 " in changed.stderr and "MAX_UPDATE=3 " in changed.stderr

@@ -22,7 +22,8 @@
 #    split is the first N_VALID training expressions: a learning monitor in
 #    the log (training accuracy), not used to pick a checkpoint;
 # 3. OUT/MODEL-seedS: fairseq-train, MAX_UPDATE updates of BATCH expressions;
-#    the last checkpoint is the one scored;
+#    the last checkpoint is the one scored (an unfinished run resumed with
+#    other training settings is refused: OUT/MODEL-seedS/settings.txt);
 # 4. OUT/MODEL-seedS/predictions.json (examples/discrete/arithmetic_eval.py);
 # 5. OUT/table.md.
 # CPU: at the defaults (ARCH_SIZE=thesis with LAYERS=2) about 60 minutes on
@@ -128,6 +129,9 @@ for item in "${RUNS[@]}"; do
     *) arch="roberta_two_stream_$ARCH_SIZE" task=sentence_prediction views="$model" ;;
   esac
   arch="${arch%_base}"
+  # A run resumed with other settings would mix two schedules: refuse it.
+  mkdir -p "$RUN"
+  check_settings_file "$RUN" "ARCH=$arch LAYERS=$LAYERS MAX_UPDATE=$MAX_UPDATE BATCH=$BATCH LR=$LR WARMUP=$WARMUP DROPOUT=$DROPOUT"
   say "3/5 run $n_run/${#RUNS[@]}: $model seed $seed ($arch, $MAX_UPDATE updates of $BATCH)"
   ARGS=("$BIN/$model" --user-dir "$USER_DIR" --arch "$arch" "${SIZE_ARGS[@]}"
     --task "$task" --criterion "$task" --num-classes 5 --init-token 0
