@@ -26,7 +26,7 @@
 #    other training settings is refused: OUT/MODEL-seedS/settings.txt);
 # 4. OUT/MODEL-seedS/predictions.json (examples/discrete/arithmetic_eval.py);
 # 5. OUT/table.md.
-# CPU: at the defaults (ARCH_SIZE=thesis with LAYERS=2) about 60 minutes on
+# CPU: at the defaults (ARCH_SIZE=thesis with LAYERS=2) 48 minutes on
 # one busy core for the 9 runs (examples/discrete/README.md, section "Table
 # 6.5 at CPU scale").
 set -euo pipefail
