@@ -93,6 +93,7 @@ def test_driver_refuses_bad_settings_in_one_line(tmp_path, setting, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.full  # fairseq start-up dominates: 40-80 s on the busy 2-core machine
 def test_driver_end_to_end_tiny(tmp_path):
     """Data, binarized views, one multiview run (2 updates, 1 layer), its
     predictions and the table; a second call skips what is done."""
