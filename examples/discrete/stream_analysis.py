@@ -116,7 +116,11 @@ def tsne_panels(panels, test_sents, n_words, path, seed=1):
     from sklearn.manifold import TSNE
 
     matplotlib.use("Agg")
+    import logging
+
     import matplotlib.pyplot as plt
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging lets its font search through
 
     where = [(i, j, pos) for i, s in enumerate(test_sents) for j, (_, pos, _) in enumerate(s) if pos in POS_TAGS]
     where = where[:n_words]
