@@ -175,17 +175,23 @@ def run(args, p):
         plot_tau_histograms(series, args.plot, what)
 
 
+def add_metric_options(p, unit):
+    """The options the classification and translation forms share; ``unit``
+    names what a --json line is ('example', 'sentence')."""
+    p.add_argument("--importance", choices=("grad", "grad-x-input"), default="grad")
+    p.add_argument("--attention", choices=("model", "controller"), default="model",
+                   help="the stream of a two-stream model; the same attention for a single-stream one")
+    p.add_argument("--json", nargs="+", help=f"one line per {unit}, one file per checkpoint")
+    p.add_argument("--plot", help="histograms of tau (PNG or PDF)")
+    p.add_argument("--labels", nargs="+", help="a name per model (default: the checkpoint's folder)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="*", help="fine-tuned sentence_prediction checkpoints")
     p.add_argument("--test", help="sentence<TAB>label file")
     p.add_argument("--from-json", nargs="+", help="--json files of earlier runs instead of checkpoints")
-    p.add_argument("--importance", choices=("grad", "grad-x-input"), default="grad")
-    p.add_argument("--attention", choices=("model", "controller"), default="model",
-                   help="the stream of a two-stream encoder; the same attention for a single-stream one")
-    p.add_argument("--json", nargs="+", help="one line per example, one file per checkpoint")
-    p.add_argument("--plot", help="histograms of tau (PNG or PDF)")
-    p.add_argument("--labels", nargs="+", help="a name per model (default: the checkpoint's folder)")
+    add_metric_options(p, "example")
     p.add_argument("--data", help="fine-tuning data (OUT_DIR/bin/<task>); default: the checkpoint's")
     p.add_argument("--spm", help="SentencePiece model; default: DATA/../sp.model")
     p.add_argument("--batch", type=int, default=64, help="sentences per forward and backward pass")
@@ -200,12 +206,7 @@ def main(argv=None):
         import torch
 
         torch.set_num_threads(args.threads)
-    try:
-        run(args, p)
-    except BadInput as err:
-        print(f"[faithfulness] error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return sentence_classify.exit_status("faithfulness", run, args, p)
 
 
 if __name__ == "__main__":

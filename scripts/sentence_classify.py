@@ -30,6 +30,17 @@ class BadInput(Exception):
     pass
 
 
+def exit_status(tag, action, *args) -> int:
+    """Run ``action(*args)``: 0; on BadInput its message as one line
+    ``[tag] error: ...`` on stderr and 1 (the scripts' bad-input contract)."""
+    try:
+        action(*args)
+    except BadInput as err:
+        print(f"[{tag}] error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def load(checkpoint, data=None):
     """(model, task) of a sentence_prediction checkpoint, in eval mode on CPU."""
     import fairseq_dnas.plugin  # noqa: F401  (registers the plugin; checkpoints under torch >= 2.6)
@@ -225,12 +236,7 @@ def main(argv=None):
         else:
             s.add_argument("-o", "--output", help="write here instead of stdout")
     args = p.parse_args(argv)
-    try:
-        score(args) if args.command == "score" else classify(args)
-    except BadInput as err:
-        print(f"[sentence_classify] error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("sentence_classify", score if args.command == "score" else classify, args)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from faithfulness import write_rows  # noqa: E402
-from sentence_classify import BadInput  # noqa: E402
+from faithfulness import add_metric_options, write_rows  # noqa: E402
+from sentence_classify import BadInput, exit_status  # noqa: E402
 
 ATTENTIONS = ("encoder", "cross")
 
@@ -161,12 +161,7 @@ def main(argv=None):
     p.add_argument("--data", required=True, help="the fairseq-preprocess folder (dict.<lang>.txt, <subset>.*)")
     p.add_argument("--subset", default="test", help="test (default), test1, valid, ...")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--importance", choices=("grad", "grad-x-input"), default="grad")
-    p.add_argument("--attention", choices=("model", "controller"), default="model",
-                   help="the stream of a two-stream model; the same attention for a single-stream one")
-    p.add_argument("--json", nargs="+", help="one line per sentence, one file per checkpoint")
-    p.add_argument("--plot", help="histograms of tau (PNG or PDF)")
-    p.add_argument("--labels", nargs="+", help="a name per model (default: the checkpoint's folder)")
+    add_metric_options(p, "sentence")
     p.add_argument("--batch", type=int, default=32, help="sentences per forward and backward pass")
     p.add_argument("--max-examples", type=int, default=0, help="the first N sentences only (0: all)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
@@ -177,12 +172,7 @@ def main(argv=None):
         import torch
 
         torch.set_num_threads(args.threads)
-    try:
-        run(args)
-    except BadInput as err:
-        print(f"[translation_faithfulness] error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("translation_faithfulness", run, args)
 
 
 if __name__ == "__main__":

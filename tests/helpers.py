@@ -4,6 +4,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from fairseq import options
@@ -100,3 +101,20 @@ def run(cmd, cwd=None, input=None, check=True, env=None):
             f"{' '.join(map(str, cmd))} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return proc
+
+
+def train_tiny_translation(root, prefix, archs=("transformer_tiny", "transformer_discrete_tiny")):
+    """Binarize ``prefix``.{train,valid,test}.{src,tgt} (one joined
+    dictionary) into root/bin and train each of ``archs`` one epoch on CPU:
+    {'data': root/bin, 'ckpt': {arch: its checkpoint_last.pt}}."""
+    root = Path(root)
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{prefix}train",
+         "--validpref", f"{prefix}valid", "--testpref", f"{prefix}test", "--destdir", root / "bin",
+         "--joined-dictionary", "--workers", "1"])
+    ckpt = {}
+    for arch in archs:
+        run(["fairseq-train", root / "bin", "--arch", arch, "--user-dir", USER_DIR, "--cpu", "--optimizer", "adam",
+             "--lr", "2e-3", "--max-tokens", "1000", "--max-epoch", "1", "--no-progress-bar", "--seed", "1",
+             "--no-epoch-checkpoints", "--save-dir", root / arch])
+        ckpt[arch] = root / arch / "checkpoint_last.pt"
+    return {"data": root / "bin", "ckpt": ckpt}

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, USER_DIR, WORDS, run, write_parallel_data
+from helpers import ROOT, WORDS, run, train_tiny_translation, write_parallel_data
 
 from fairseq_dnas.analysis.chunking import first_pieces
 
@@ -68,17 +68,9 @@ def models(tmp_path_factory):
     for split in ("train", "valid", "test"):
         for side in ("src", "tgt"):
             lines = open(root / "raw" / f"{split}.{side}").read().splitlines()
-            with open(root / "raw" / f"{split}.sp.{side}", "w") as f:
+            with open(root / "raw" / f"sp.{split}.{side}", "w") as f:
                 f.writelines(" ".join(sp.encode(line, out_type=str)) + "\n" for line in lines)
-    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "raw/train.sp",
-         "--validpref", root / "raw/valid.sp", "--testpref", root / "raw/test.sp", "--destdir", root / "bin",
-         "--joined-dictionary", "--workers", "1"])
-    ckpt = {}
-    for arch in ("transformer_tiny", "transformer_discrete_tiny"):
-        run(["fairseq-train", root / "bin", "--arch", arch, "--user-dir", USER_DIR, "--cpu", "--optimizer", "adam",
-             "--lr", "2e-3", "--max-tokens", "1000", "--max-epoch", "1", "--no-progress-bar", "--seed", "1",
-             "--no-epoch-checkpoints", "--save-dir", root / arch])
-        ckpt[arch] = root / arch / "checkpoint_last.pt"
+    ckpt = train_tiny_translation(root, f"{root}/raw/sp.")["ckpt"]
     rng = random.Random(0)
     os.makedirs(root / "conll")
     _conll(root / "conll" / "train.txt", 60, rng)

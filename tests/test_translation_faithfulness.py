@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import ROOT, USER_DIR, build_model, random_tokens, run, write_parallel_data
+from helpers import ROOT, build_model, random_tokens, run, train_tiny_translation, write_parallel_data
 from reference import reference_probs
 
 from fairseq_dnas.analysis import faithfulness as FA
@@ -169,16 +169,7 @@ def test_training_mode_is_refused():
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("translation_faithfulness")
     write_parallel_data(root / "raw")
-    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "raw/train",
-         "--validpref", root / "raw/valid", "--testpref", root / "raw/test", "--destdir", root / "bin",
-         "--joined-dictionary", "--workers", "1"])
-    ckpt = {}
-    for arch in ("transformer_tiny", "transformer_discrete_tiny"):
-        run(["fairseq-train", root / "bin", "--arch", arch, "--user-dir", USER_DIR, "--cpu", "--optimizer", "adam",
-             "--lr", "2e-3", "--max-tokens", "1000", "--max-epoch", "1", "--no-progress-bar", "--seed", "1",
-             "--no-epoch-checkpoints", "--save-dir", root / arch])
-        ckpt[arch] = root / arch / "checkpoint_last.pt"
-    return {"data": root / "bin", "ckpt": ckpt, "root": root}
+    return train_tiny_translation(root, f"{root}/raw/")
 
 
 def _script(*args, check=True):

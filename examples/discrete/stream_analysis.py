@@ -33,7 +33,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
-from sentence_classify import BadInput  # noqa: E402
+from sentence_classify import BadInput, exit_status  # noqa: E402
 
 # The POS tags of the thesis's Figure 6.2 legend.
 POS_TAGS = ("NN", "NNS", "NNP", "JJ", "RB", "VB", "VBG", "VBN")
@@ -256,12 +256,7 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(max(args.threads, 1))
-    try:
-        run(args)
-    except BadInput as err:
-        print(f"[stream_analysis] error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("stream_analysis", run, args)
 
 
 if __name__ == "__main__":
