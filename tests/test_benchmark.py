@@ -122,6 +122,7 @@ def test_quick_roberta_benchmark_writes_json(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU stand-in for the GPU run")
+@pytest.mark.full  # about a minute on the interpreter; the v2 kernels are proved in tests/test_triton_v2.py
 def test_quick_kernels_section_times_v1_v2_and_sdpa(tmp_path):
     """--sections kernels under Triton's interpreter (conftest sets TRITON_INTERPRET=1):
     SDPA, DNAS and HNAS on v1 and v2, dropout 0 and 0.1, the operation-count floor

@@ -490,6 +490,7 @@ def _fairseq_train(data, save, arch, *flags, check=True):
                 "--save-dir", save, "--no-save", *flags], check=check)
 
 
+@pytest.mark.full  # the classification runs of the penalized fixture prove the flag in the default tier
 def test_translation_fairseq_train_with_the_penalty(translation_data, tmp_path):
     proc = _fairseq_train(translation_data, tmp_path, "transformer_discrete_tiny", *PENALTY,
                           "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1")

@@ -310,6 +310,7 @@ def test_no_host_synchronization_on_the_gpu(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
+@pytest.mark.full  # compiles every v2 variant (about 30 s)
 def test_v2_compiles_for_sm90_within_the_tile_rule():
     """Every v2 kernel variant (DNAS/HNAS x dropout 0/0.1, fp16, head size 64)
     compiled for an H100 as the JIT specializes a real call: the interpreter
