@@ -34,22 +34,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 from sentence_classify import BadInput, exit_status  # noqa: E402
+from translation_faithfulness import load as load_translation  # noqa: E402
 
 # The POS tags of the thesis's Figure 6.2 legend.
 POS_TAGS = ("NN", "NNS", "NNP", "JJ", "RB", "VB", "VBG", "VBN")
-
-
-def load_translation(checkpoint, data):
-    from fairseq_dnas.analysis.checkpoints import DataMismatch, load_model
-    from fairseq_dnas.errors import BadFile
-
-    try:
-        model, _, task = load_model(checkpoint, data)
-    except (FileNotFoundError, DataMismatch, BadFile) as err:
-        raise BadInput(str(err)) from None
-    if getattr(model, "decoder", None) is None:
-        raise BadInput(f"{checkpoint}: not a translation checkpoint (an encoder-decoder model is needed)")
-    return model, task
 
 
 def streams_of(model):
