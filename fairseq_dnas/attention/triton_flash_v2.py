@@ -81,10 +81,18 @@ from fairseq_dnas.attention.triton_flash import (  # noqa: F401 (dropout_mask: t
 # spills (head size 64: 155 registers, 17.3 instructions a score for DNAS
 # against v1's 205 and 29.6; head size 128: 238 registers, 22.1 against
 # v1's 32 x 32 mma.sync at 99.5; docs/performance.md#the-v2-kernels).
+# At head size 128, where no GPU has timed any tile (v1's there are the
+# compiler's too), the forward and query-major passes take the tiles with the
+# fewest instructions a score that compile without spills under Triton 3.9
+# (the GPU's 3.6 spills at most 32 bytes, HNAS with dropout): forward
+# 64 x 64 / 4 warps / 1 stage (DNAS 17.1 instructions a score against 38.6 on
+# v1's 64 x 32 / 8 warps), query-major 128 x 32 / 8 warps / 1 stage (18.7
+# against 29.9 on 128 x 16). Head size 64 keeps the tiles an H100 timed for v1
+# there: the compiler's larger ones were slower (triton_common.GPU_TILES).
 # Untimed: benchmarks/gpu_measure.sh STEPS=kernels times them.
 V2_GPU_TILES = {
     ("half", 64): dict(backward_kv=(32, 128, 8, 1)),
-    ("half", 128): dict(backward_kv=(32, 128, 8, 1)),
+    ("half", 128): dict(forward=(64, 64, 4, 1), backward_kv=(32, 128, 8, 1), backward_q=(128, 32, 8, 1)),
 }
 
 
