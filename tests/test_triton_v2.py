@@ -30,6 +30,13 @@ LENGTHS = (37, 20, 1)  # a one-token sentence: its only key is its only query
 V2_BUDGET = 5  # launches per forward + backward step (issue 28)
 
 
+@pytest.fixture(autouse=True)
+def _long_kernels_at_every_length(monkeypatch):
+    """These tests hold triton_flash_v2's kernels; short inputs would otherwise
+    run the one-tile kernels (tests/test_triton_short.py)."""
+    monkeypatch.setenv(kernels.SHORT_ENV, "0")
+
+
 def _inputs(dtype, tq=37, tk=37, d=20, batch=3, heads=1, seed=0, mean=0.7):
     """q (with a mean query away from 0: the q_proj bias that centring is for),
     k, v, an upstream gradient and u."""
