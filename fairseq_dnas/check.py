@@ -98,7 +98,7 @@ def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.de
                 for dropout in dropouts:
                     for iters in sinkhorns:
                         versions = [triton_kernels(int(iters))]
-                        if short_kernels_selectable(int(iters), int(head), DTYPES[dtype]):
+                        if short_kernels_selectable(int(iters), int(head), DTYPES[dtype], scheme):
                             versions.insert(0, "v2-short")
                         for version in versions:
                             yield Config(str(device), DTYPES[dtype], int(head), scheme, dropout == "on", int(iters),
@@ -213,7 +213,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from fairseq_dnas.attention import selfcheck
     from fairseq_dnas.attention.kernels import KERNELS_ENV, SHORT_ENV, triton_kernels
 
-    short = "v2-short for T <= 128" if triton_kernels(1, 16, 16) == "v2-short" else "no one-tile kernels"
+    short = ("v2-short for short inputs (T <= 64 or 128, half precision)" if triton_kernels(1, 16, 16) == "v2-short"
+             else "no one-tile kernels")
     print(f"kernels: {triton_kernels()} (${KERNELS_ENV}; Sinkhorn iterations > 1 run v1; {short}, ${SHORT_ENV})")
 
     dtypes = list(args.dtypes)

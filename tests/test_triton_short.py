@@ -30,6 +30,13 @@ from fairseq_dnas.attention import triton_flash_v2, triton_short  # noqa: E402 (
 FIRST = "_short_forward_kernel"
 
 
+def _float32_on_the_interpreter(monkeypatch):
+    """float32 never runs the one-tile kernels on a GPU (they spill there:
+    ``kernels.SHORT_MAX``); these tests drive float32 through them anyway."""
+    for scheme in ("dnas", "hnas"):
+        monkeypatch.setitem(kernels.SHORT_MAX, ("float32", 64, scheme), 128)
+
+
 # --- exactness ------------------------------------------------------------------------------------------------
 
 
@@ -151,8 +158,22 @@ def test_selection_reads_both_variables(version, short, length, expect, monkeypa
     assert kernels.triton_kernels(1, 20, length, 64, F16) == expect  # the longer of T_q, T_k decides
     assert kernels.triton_kernels(3, 20, 20, 64, F16) == "v1"  # Sinkhorn rounds: v1 only
     assert kernels.triton_kernels(1) in ("v1", "v2")  # unknown lengths: the long kernels
+    long = "v1" if expect == "v1" or version in (None, "v1") else "v2"
+    assert kernels.triton_kernels(1, length, length, 64, F32) == long  # float32 spills on sm_90: never
     modules = {"v1": triton_flash, "v2": triton_flash_v2, "v2-short": triton_short}
     assert kernels.triton_module(version=expect) is modules[expect]
+
+
+@pytest.mark.parametrize("head_dim,scheme,longest", [(64, "dnas", 128), (64, "hnas", 64), (128, "dnas", 64),
+                                                     (128, "hnas", 64)])
+def test_the_longest_short_input_follows_the_compile_rule(head_dim, scheme, longest, monkeypatch):
+    """The tiles that compile for sm_90 without spills (docs/performance.md):
+    128 for DNAS at head size 64, else 64."""
+    monkeypatch.setenv(kernels.KERNELS_ENV, "v2")
+    monkeypatch.delenv(kernels.SHORT_ENV, raising=False)
+    for dtype in (F16, torch.bfloat16):
+        assert kernels.triton_kernels(1, longest, longest, head_dim, dtype, scheme) == "v2-short"
+        assert kernels.triton_kernels(1, longest + 1, 8, head_dim, dtype, scheme) == "v2"
 
 
 def test_a_bad_short_value_names_the_allowed_ones(monkeypatch):
@@ -168,7 +189,7 @@ def test_a_bad_short_value_names_the_allowed_ones(monkeypatch):
 def test_attend_runs_the_one_tile_kernels_up_to_128(length, first_kernel, monkeypatch):
     monkeypatch.setenv(kernels.KERNELS_ENV, "v2")
     monkeypatch.delenv(kernels.SHORT_ENV, raising=False)
-    q = torch.zeros(1, 1, length, 16, device=DEVICE)
+    q = torch.zeros(1, 1, length, 16, device=DEVICE, dtype=F16)
     seen = []
     monkeypatch.setattr(triton_flash_v2.triton_flash, "triton_attention",  # record the launch, run nothing
                         lambda *a, function=None, **kw: seen.append(function) or q)
@@ -189,7 +210,7 @@ def test_two_kernels_a_step(scheme, p, monkeypatch):
     is 5)."""
     monkeypatch.setenv(kernels.KERNELS_ENV, "v2")
     monkeypatch.delenv(kernels.SHORT_ENV, raising=False)
-    q, k, v, do, u = _inputs(F32, tq=20, tk=20, d=16, batch=2, heads=1)
+    q, k, v, do, u = _inputs(F16, tq=20, tk=20, d=16, batch=2, heads=1)
     kmask, _ = _masks(left=True, tq=20, tk=20, batch=2)
     with count_launches() as launches:
         out, _ = kernels.attend(q, k, v, scheme=scheme, padding_mask=kmask,
@@ -221,6 +242,7 @@ def test_disagreeing_one_tile_kernels_fall_back_with_a_warning(monkeypatch):
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     monkeypatch.setattr(kernels, "AUTO_TRITON_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(selfcheck, "CHECK_DEVICES", ("cuda", "cpu"))
+    _float32_on_the_interpreter(monkeypatch)
     real = triton_short.triton_attention
     monkeypatch.setattr(triton_short, "triton_attention", lambda *a, **kw: real(*a, **kw) + 0.1)
     selfcheck.reset()
@@ -243,7 +265,7 @@ def test_the_check_command_runs_the_one_tile_kernels(monkeypatch):
                         "--heads", "64", "--sinkhorn", "1", "--schemes", "hnas", "--dropout", "on"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "v2-short for T <= 128" in r.stdout
+    assert "v2-short for short inputs" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith("hnas ")]
     assert [line.split()[5] for line in rows] == ["v2-short", "v2"], r.stdout
     assert all(line.endswith(" ok") for line in rows), r.stdout
@@ -257,6 +279,7 @@ def test_fairseq_module_on_the_one_tile_kernels(scheme, monkeypatch):
     for name, value in ((kernels.PATH_ENV, "triton"), (kernels.KERNELS_ENV, "v2")):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv(kernels.SHORT_ENV, raising=False)
+    _float32_on_the_interpreter(monkeypatch)
     m = DNASMultiheadAttention(32, 2, scheme=scheme, hybrid_init=0.3).train().to(DEVICE)
     x = torch.randn(20, 3, 32, device=DEVICE, requires_grad=True)
     mask = padding_mask((20, 9, 1), 20, True).to(DEVICE)

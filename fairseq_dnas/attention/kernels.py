@@ -59,7 +59,7 @@ a step, the key-major backward with three accumulators), ``v2``
 in, q centred once per head, exp2 domain, no atomics) or ``auto`` (default):
 ``v1`` until a GPU has timed ``v2`` faster (docs/performance.md). Sinkhorn
 iterations > 1 always run ``v1`` (``triton_sinkhorn.py`` extends only it).
-Short inputs (T_q, T_k <= ``short_max``: 128) run ``v2-short``
+Short inputs (T_q, T_k <= ``short_max``: 128 or 64 by head size and scheme, never float32) run ``v2-short``
 (``triton_short.py``: one tile a head, two kernels a step) wherever
 ``FAIRSEQ_DNAS_TRITON_SHORT`` allows: ``auto`` (default) when ``v2`` is
 selected, ``1`` whatever the version, ``0`` never.
@@ -84,10 +84,19 @@ KERNEL_VERSIONS = ("auto", "v1", "v2")
 SHORT_ENV = "FAIRSEQ_DNAS_TRITON_SHORT"
 SHORT_MODES = ("auto", "0", "1")
 # The longest T_q, T_k the one-tile kernels (triton_short.py) take, by input
-# kind and head size class: their whole score block is one CTA's, and these
-# are the sizes whose kernels compile for sm_90 without register spills
-# (docs/performance.md#the-one-tile-kernels-for-short-inputs).
-SHORT_MAX = {("half", 64): 128, ("half", 128): 128, ("float32", 64): 128, ("float32", 128): 128}
+# kind, head size class and scheme: a CTA holds the whole score block, and
+# these are the tiles whose kernels compile for sm_90 without register spills
+# (benchmarks/triton_spills.py, docs/performance.md#the-one-tile-kernels-for-short-inputs).
+# At 128 x 128 the backward holds three float32 score tiles for HNAS (pi_D,
+# pi_U, G; 64 registers each at 8 warps) and spills 288-664 bytes, DNAS at
+# head size 128 8-104 bytes: those stop at 64. float32 (exact products on
+# the FMA units) spills kilobytes even at 64: never.
+SHORT_MAX = {
+    ("half", 64, "dnas"): 128, ("half", 64, "hnas"): 64,
+    ("half", 128, "dnas"): 64, ("half", 128, "hnas"): 64,
+    ("float32", 64, "dnas"): 0, ("float32", 64, "hnas"): 0,
+    ("float32", 128, "dnas"): 0, ("float32", 128, "hnas"): 0,
+}
 # What ``auto`` runs: v1 until a GPU has timed v2 faster on the kernels-alone
 # benchmark (benchmarks/benchmark.py --sections kernels); the change that
 # measures it flips this and records the figures in docs/performance.md.
@@ -179,9 +188,9 @@ def requested_path(path: Optional[str] = None) -> str:
     return requested
 
 
-def short_max(head_dim: int, dtype: torch.dtype) -> int:
-    """The longest T_q, T_k of the one-tile kernels for this head size and dtype (``SHORT_MAX``)."""
-    return SHORT_MAX["float32" if dtype == torch.float32 else "half", 64 if head_dim <= 64 else 128]
+def short_max(head_dim: int, dtype: torch.dtype, scheme: str = "dnas") -> int:
+    """The longest T_q, T_k of the one-tile kernels for this head size, dtype and scheme (``SHORT_MAX``)."""
+    return SHORT_MAX["float32" if dtype == torch.float32 else "half", 64 if head_dim <= 64 else 128, scheme]
 
 
 def short_mode() -> str:
@@ -196,13 +205,13 @@ def short_mode() -> str:
 
 
 def triton_kernels(sinkhorn_iters: int = 1, tq: Optional[int] = None, tk: Optional[int] = None,
-                   head_dim: int = 64, dtype: torch.dtype = torch.float16) -> str:
+                   head_dim: int = 64, dtype: torch.dtype = torch.float16, scheme: str = "dnas") -> str:
     """Which Triton kernels run: 'v1', 'v2' or 'v2-short', from
     ``FAIRSEQ_DNAS_TRITON_KERNELS`` (``auto``, the default, is
     ``AUTO_KERNELS``) and ``FAIRSEQ_DNAS_TRITON_SHORT``. Sinkhorn iterations
     > 1 run 'v1' whatever is asked (only v1 has the extra normalization
     rounds). 'v2-short' (``triton_short.py``) where the call's lengths
-    ``tq``, ``tk`` are given, both at most ``short_max(head_dim, dtype)``,
+    ``tq``, ``tk`` are given, both at most ``short_max(head_dim, dtype, scheme)``,
     and the short mode allows it ('auto': when the version is v2; '1':
     always; '0': never). A value other than auto, v1, v2 raises ValueError
     naming them (``short_mode`` likewise)."""
@@ -214,17 +223,17 @@ def triton_kernels(sinkhorn_iters: int = 1, tq: Optional[int] = None, tk: Option
     mode = short_mode()
     if sinkhorn_iters > 1:
         return "v1"
-    if tq is not None and max(tq, tk) <= short_max(head_dim, dtype) and (
+    if tq is not None and max(tq, tk) <= short_max(head_dim, dtype, scheme) and (
             mode == "1" or (mode == "auto" and version == "v2")):
         return "v2-short"
     return version
 
 
-def short_kernels_selectable(sinkhorn_iters: int, head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether some short call of this head size and dtype would run
+def short_kernels_selectable(sinkhorn_iters: int, head_dim: int, dtype: torch.dtype, scheme: str) -> bool:
+    """Whether some short call of this head size, dtype and scheme would run
     'v2-short' (``triton_kernels``): ``python -m fairseq_dnas.check`` then
     checks the one-tile kernels beside the long ones."""
-    return triton_kernels(sinkhorn_iters, 16, 16, head_dim, dtype) == "v2-short"
+    return triton_kernels(sinkhorn_iters, 16, 16, head_dim, dtype, scheme) == "v2-short"
 
 
 def triton_module(sinkhorn_iters: int = 1, version: Optional[str] = None):
@@ -414,7 +423,7 @@ def _attend_triton_checked(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, n
     where they cannot compile or launch now (then off from here on)."""
     p = _triton_dropout_p(dropout)  # a caller's error, not the kernels': raised
     config = selfcheck.config_of(q, scheme, padding=pad is not None or qpad is not None, dropout=p > 0,
-                                 sinkhorn_iters=sinkhorn_iters, kernels=_call_kernels(q, k, sinkhorn_iters))
+                                 sinkhorn_iters=sinkhorn_iters, kernels=_call_kernels(q, k, sinkhorn_iters, scheme))
     if not selfcheck.triton_usable(config):
         return None
     try:
@@ -427,14 +436,14 @@ def _attend_triton_checked(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, n
         return None
 
 
-def _call_kernels(q: Tensor, k: Tensor, sinkhorn_iters: int) -> str:
-    """``triton_kernels`` for the lengths, head size and dtype of this call."""
-    return triton_kernels(sinkhorn_iters, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype)
+def _call_kernels(q: Tensor, k: Tensor, sinkhorn_iters: int, scheme: str) -> str:
+    """``triton_kernels`` for the lengths, head size, dtype and scheme of this call."""
+    return triton_kernels(sinkhorn_iters, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, scheme)
 
 
 def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters=1):
     p = _triton_dropout_p(dropout)
-    out = triton_module(sinkhorn_iters, _call_kernels(q, k, sinkhorn_iters)).triton_attention(  # imports triton
+    out = triton_module(sinkhorn_iters, _call_kernels(q, k, sinkhorn_iters, scheme)).triton_attention(  # imports
         q, k, v,
         hybrid_weight=hybrid_weight if scheme == "hnas" else None,
         key_padding_mask=pad,

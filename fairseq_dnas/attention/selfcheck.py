@@ -49,7 +49,7 @@ CHECK_ENV = "FAIRSEQ_DNAS_TRITON_CHECK"
 CHECK_DEVICES = ("cuda",)
 DROPOUT_P = 0.25  # the drop probability of the check's dropout configurations
 CUDA_SIZES = dict(batch=2, heads=2, length=150)  # two 128-row tiles, the second ragged
-CUDA_SHORT_SIZES = dict(batch=2, heads=2, length=100)  # the one-tile kernels: a 128 tile, ragged
+CUDA_SHORT_SIZES = dict(batch=2, heads=2, length=100)  # the one-tile kernels: a ragged 128 tile (50: 64)
 INTERPRETER_SIZES = dict(batch=2, heads=1, length=17)  # two 16-row tiles (one 32 tile for v2-short), ragged
 
 
@@ -172,7 +172,12 @@ def sizes(config: Config) -> Dict[str, int]:
     one-tile kernels (v2-short, which take T <= 128)."""
     if torch.device(config.device).type != "cuda":
         return INTERPRETER_SIZES
-    return CUDA_SHORT_SIZES if config.kernels == "v2-short" else CUDA_SIZES
+    if config.kernels != "v2-short":
+        return CUDA_SIZES
+    from fairseq_dnas.attention.kernels import short_max  # (kernels imports this module)
+
+    longest = short_max(config.head_dim, config.dtype, config.scheme)
+    return CUDA_SHORT_SIZES if longest >= CUDA_SHORT_SIZES["length"] else dict(CUDA_SHORT_SIZES, length=longest - 14)
 
 
 def _max_error(a: Tensor, b: Tensor) -> float:

@@ -75,15 +75,19 @@ from fairseq_dnas.attention.triton_flash import _output_buffer, call_facts, drop
 from fairseq_dnas.attention.triton_flash_v2 import _pad_ptr
 
 BLOCK_MAX = 128  # the largest tile: a 128 x 128 float32 score block a CTA
-# Warps per CTA by (input kind, head size class), from what ptxas makes of
-# each kernel for sm_90 (benchmarks/triton_spills.py;
-# docs/results/2026-11-26-sm90-compiler-short-tile.md): the choice without
-# register spills. Untimed (benchmarks/gpu_measure.sh STEPS=kernels times them).
+# Warps per CTA by (input kind, head size class) and tile (64: BLOCK <= 64;
+# 128), from what ptxas makes of each kernel for sm_90
+# (benchmarks/triton_spills.py; docs/results/2026-11-26-sm90-compiler-short-tile.md):
+# the fewest instructions a score without register spills. At 64 x 64, 4 warps
+# issue half the instructions of 8 (a 64-row wgmma needs one warpgroup), but
+# the head size 128 backward spills there (HNAS: 32-64 bytes); at 128 x 128,
+# 4 warps spill. float32 never runs these kernels on a GPU (kernels.SHORT_MAX).
+# Untimed (benchmarks/gpu_measure.sh STEPS=kernels times them).
 SHORT_WARPS = {
-    ("half", 64): dict(forward=8, backward=8),
-    ("half", 128): dict(forward=8, backward=8),
-    ("float32", 64): dict(forward=8, backward=8),
-    ("float32", 128): dict(forward=8, backward=8),
+    ("half", 64): {64: dict(forward=4, backward=4), 128: dict(forward=8, backward=8)},
+    ("half", 128): {64: dict(forward=4, backward=8), 128: dict(forward=8, backward=8)},
+    ("float32", 64): {64: dict(forward=8, backward=8), 128: dict(forward=8, backward=8)},
+    ("float32", 128): {64: dict(forward=8, backward=8), 128: dict(forward=8, backward=8)},
 }
 
 
@@ -92,8 +96,8 @@ def block_size(tq: int, tk: int) -> int:
     return max(16, triton.next_power_of_2(max(tq, tk, 1)))
 
 
-def _warps(kernel: str, d: int, dtype: torch.dtype) -> int:
-    return 1 if INTERPRETED else SHORT_WARPS[tile_case(d, dtype)][kernel]
+def _warps(kernel: str, d: int, dtype: torch.dtype, block: int) -> int:
+    return 1 if INTERPRETED else SHORT_WARPS[tile_case(d, dtype)][max(block, 64)][kernel]
 
 
 # --------------------------------------------------------------------------
@@ -206,36 +210,46 @@ def _short_backward_kernel(
     u = 1.0
     if HYBRID:
         u = tl.load(U + h)
-    # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
+    # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du.
+    # The order keeps few (BLOCK, BLOCK) float32 tiles alive at once (64 registers each at 8 warps):
+    # s2 dies into the probabilities; dv is finished before G exists; t and t_U are never held
+    # (their sums are taken as they are formed) and ds replaces pi_D, pi_U and G element by element.
     seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
-    p_d = tl.exp2(s2 - c2[None, :] - r2[:, None])
-    g = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dO_i . v_j
-    byte = 0
-    if DROPOUT:
-        byte = _dropout_bytes(seed, bh, offs, 0, TK, BLOCK)
-        g = _dropped(g, byte, t_pair)
-    g_d = (u * scale) * g  # dL/dpi_D
-    t = p_d * (g_d - tl.sum(p_d * g_d, 1)[:, None])  # E_D[i] = u dO_i . O_D,i as a row sum of the tile
-    dc = -tl.sum(t, 0)
-    xi = p_d * tl.where(real_q, tl.exp2(r2), 0.0)[:, None]  # exp(s - c); not 0 * inf at padded rows
-    ds = t + xi * dc[None, :]
-    p = p_d
+    p_d = tl.exp2(s2 - c2[None, :] - r2[:, None])  # 0 at padded keys (c2 = inf) and queries (r2 = inf)
     if HYBRID:
         ru2 = tl.load(RU2 + bh * TQ + offs, mask=offs < TQ, other=float("inf"))
         p_u = tl.where(c2[None, :] < float("inf"), tl.exp2(s2 - ru2[:, None]), 0.0)  # padded keys: 0
-        g_u = ((1.0 - u) * scale) * g  # dL/dpi_U
-        t_u = p_u * (g_u - tl.sum(p_u * g_u, 1)[:, None])
-        ds += t_u
-        tu = tl.sum(t_u, 0)  # the UNAS part's column sum, which does not vanish
-        tl.store(DU + bh, scale * tl.sum(tl.sum(g * (p_d - p_u), 1), 0))
-        p = u * p_d + (1.0 - u) * p_u
-    p = p.to(do.dtype)
+        p = (u * p_d + (1.0 - u) * p_u).to(do.dtype)
+    else:
+        p = p_d.to(do.dtype)
     if DROPOUT:
+        byte = _dropout_bytes(seed, bh, offs, 0, TK, BLOCK)
         p = _dropped(p, byte, t_pair)
     dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)  # (keys, D)
     if DROPOUT:
         dv *= scale
+    _store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs, offs_d, sdv_t, sdv_d, TK, D)
+    g = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dO_i . v_j
+    if DROPOUT:
+        g = _dropped(g, byte, t_pair)
+    g_d = (u * scale) * g  # dL/dpi_D
+    o_d = tl.sum(p_d * g, 1)  # dO_i . O_D,i / scale (dropout in G), a row sum of the tile
+    e_d = (u * scale) * o_d  # E_D[i] = u dO_i . O_D,i
+    dc = -tl.sum(p_d * (g_d - e_d[:, None]), 0)  # -sum_i t[i, j]
+    xi_row = tl.where(real_q, tl.exp2(r2), 0.0)  # xi = pi_D 2^r2 = exp(s - c); not 0 * inf at padded rows
+    if HYBRID:
+        g_u = ((1.0 - u) * scale) * g  # dL/dpi_U
+        o_u = tl.sum(p_u * g, 1)
+        e_u = ((1.0 - u) * scale) * o_u
+        # dL/du = sum_ij G (pi_D - pi_U) = scale sum_i (O_D - O_U)_i . dO_i
+        tl.store(DU + bh, scale * tl.sum(o_d - o_u, 0))
+        tu = tl.sum(p_u * (g_u - e_u[:, None]), 0)  # the UNAS part's column sum, which does not vanish
+        # ds = t + xi dc + t_U
+        ds = p_d * (g_d - e_d[:, None] + xi_row[:, None] * dc[None, :]) + p_u * (g_u - e_u[:, None])
+    else:
+        ds = p_d * (g_d - e_d[:, None] + xi_row[:, None] * dc[None, :])  # t + xi dc
     dq = tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs, offs_d, sdq_t, sdq_d, TQ, D)
     # dk over q - mu, mu the mean real query: the DNAS part of ds sums to 0 over i
     count = tl.maximum(tl.sum(real_q.to(tl.float32), 0), 1.0)
     mu = tl.sum(tl.where(real_q[:, None], q.to(tl.float32), 0.0), 0) / count
@@ -243,9 +257,7 @@ def _short_backward_kernel(
     dk = tl.dot(tl.trans(ds.to(q.dtype)), qc, input_precision=PRECISION)
     if HYBRID:
         dk += tu[:, None] * mu[None, :]
-    _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs, offs_d, sdq_t, sdq_d, TQ, D)
     _store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs, offs_d, sdk_t, sdk_d, TK, D)
-    _store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs, offs_d, sdv_t, sdv_d, TK, D)
 
 
 # --------------------------------------------------------------------------
@@ -276,7 +288,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
             _pad_ptr(kpad, q), *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, PRECISION=_precision(q.dtype),
             INT64=needs_int64(q, k, v, out), BLOCK=block, BLOCK_D=_block_d(d),
-            num_warps=_warps("forward", d, q.dtype), num_stages=1,
+            num_warps=_warps("forward", d, q.dtype, block), num_stages=1,
         )
     return out, c2, r2, ru2
 
@@ -284,6 +296,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
 def _backward(do, q, k, v, u, p_drop, seed, c2, r2, ru2):
     """dq, dk, dv (fresh buffers in the layouts of q, k, v) and du (H,) float32."""
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, _) = call_facts(q, k, u, None, p_drop)
+    block = block_size(tq, tk)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     du_part = torch.empty((bsz, heads), dtype=torch.float32, device=q.device) if hybrid else c2
     with on_device(q):
@@ -292,8 +305,8 @@ def _backward(do, q, k, v, u, p_drop, seed, c2, r2, ru2):
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *_strides(dk), *_strides(dv),
             heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, PRECISION=_precision(q.dtype),
-            INT64=needs_int64(q, k, v, do, dq, dk, dv), BLOCK=block_size(tq, tk), BLOCK_D=_block_d(d),
-            num_warps=_warps("backward", d, q.dtype), num_stages=1,
+            INT64=needs_int64(q, k, v, do, dq, dk, dv), BLOCK=block, BLOCK_D=_block_d(d),
+            num_warps=_warps("backward", d, q.dtype, block), num_stages=1,
         )
     # dL/du: the batch's shares added in a fixed order (torch's reduction; no atomics)
     return dq, dk, dv, (du_part.sum(0) if hybrid else None)
