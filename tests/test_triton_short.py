@@ -17,8 +17,9 @@ import pytest
 import torch
 from conftest import padding_mask
 from reference import reference_self_attention
-from test_triton import _float64_autograd, _grad_tol, module_gradients_match_materialized
-from test_triton_v2 import DEVICE, F16, F32, _check_against_float64, _inputs, _masks
+from test_triton import _float64_autograd, module_gradients_match_materialized
+from test_triton_v2 import (DEVICE, F16, F32, _check_against_float64, _inputs, _masks, check_bitwise_repeatable,
+                            check_exactness, check_head_size, check_same_as_v1, check_strided_views)
 
 from fairseq_dnas.attention import kernels, selfcheck
 from fairseq_dnas.attention.launches import count_launches
@@ -44,21 +45,15 @@ def _float32_on_the_interpreter(monkeypatch):
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["float32", "float16"])
 @pytest.mark.parametrize("p", [0.0, 0.25], ids=["no-dropout", "dropout"])
 def test_forward_and_gradients_match_float64(scheme, dtype, p):
-    """37 positions (a 64 tile), head size 20, left padding with a
-    one-token sentence, a mean query far from 0, dropout with v1's mask for
-    the same seed; at p = 0 the output is also far from plain softmax
-    attention (``_check_against_float64``): the scheme ran."""
-    q, k, v, do, u = _inputs(dtype)
-    kmask, qmask = _masks(left=True)
-    _check_against_float64(triton_short, q, k, v, do, u, scheme, kmask, qmask, p)
+    """37 positions (a 64 tile), head size 20; at p = 0 the output is also far
+    from plain softmax attention (``_check_against_float64``): the scheme ran."""
+    check_exactness(triton_short, scheme, dtype, p)
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_head_sizes_64_and_128(scheme, d):
-    q, k, v, do, u = _inputs(F16, tq=20, tk=20, d=d, batch=2, heads=2)
-    kmask, qmask = _masks(left=False, tq=20, tk=20, batch=2)
-    _check_against_float64(triton_short, q, k, v, do, u, scheme, kmask, qmask, 0.25 if d == 64 else 0.0)
+    check_head_size(triton_short, scheme, d, heads=2)
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
@@ -70,69 +65,32 @@ def test_the_largest_tile(scheme):
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-@pytest.mark.parametrize("tq,tk", [(19, 33), (33, 19), (1, 1)])
+@pytest.mark.parametrize("tq,tk", [(19, 33), (33, 19)])
 def test_strided_views_and_cross_attention(scheme, tq, tk):
-    """q, k, v as views of packed projections in fairseq's (T, B, H, D) order,
-    v with a transposed head dimension; T_q != T_k with separate masks (and a
-    call of one query and one key)."""
-    g = torch.Generator().manual_seed(3)
-    bsz, heads, d = 2, 2, 16
-    packed_q = (torch.randn(tq, bsz, heads, d, generator=g) + 0.5).to(DEVICE)
-    packed_kv = torch.randn(tk, bsz, 2, heads, d, generator=g).to(DEVICE)
-    q = packed_q.permute(1, 2, 0, 3).requires_grad_()
-    kv = packed_kv.permute(1, 2, 3, 0, 4).requires_grad_()  # (B, 2, H, T, D)
-    k, v = kv[:, 0], kv[:, 1].transpose(-1, -2).contiguous().transpose(-1, -2)
-    assert tk == 1 or (v.stride(-1) != 1 and not k.is_contiguous())  # one key: size-1 dimensions are contiguous
-    do = torch.randn(bsz, heads, tq, d, generator=g).to(DEVICE)
-    u = torch.tensor([0.3, 0.7], device=DEVICE, requires_grad=True)
-    kmask = padding_mask([tk, max(1, tk // 3)], tk, False).to(DEVICE)
-    qmask = padding_mask([tq, max(1, tq // 4)], tq, False).to(DEVICE)
-    if tq == 1:  # one query and one key: softmax and DNAS agree (both 1), so no gap to prove
-        out = triton_short.triton_attention(q, k, v, hybrid_weight=u if scheme == "hnas" else None,
-                                            key_padding_mask=kmask, query_padding_mask=qmask)
-        torch.testing.assert_close(out, v.detach(), atol=1e-6, rtol=0)
-        return
-    out, grads = _check_against_float64(triton_short, q, k, v, do, u, scheme, kmask, qmask)
-    assert (out[1, :, max(1, tq // 4):] == 0).all()  # padded queries give 0
-    assert (grads[0][1, :, max(1, tq // 4):] == 0).all()  # and get no gradient
+    _, grads = check_strided_views(triton_short, scheme, tq, tk)
+    assert (grads[0][1, :, (tq + 1) // 4:] == 0).all()  # padded queries get no gradient
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_one_query_and_one_key(scheme):
+    """The smallest call (a 16 tile): softmax and DNAS both give weight 1."""
+    q, k, v, do, u = _inputs(F32, tq=1, tk=1, d=16, batch=2, heads=2)
+    out = triton_short.triton_attention(q, k, v, hybrid_weight=u if scheme == "hnas" else None)
+    torch.testing.assert_close(out, v.detach(), atol=1e-6, rtol=0)
+    dv, = torch.autograd.grad(out, v, do)
+    torch.testing.assert_close(dv, do, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
 def test_short_equals_v1_for_the_same_dropout_seed(scheme):
-    """The same mask (a function of (seed, b H + h, i, j // 16) only): the
-    one-tile kernels equal v1's, output and gradients, to float32 rounding."""
-    q, k, v, do, u = _inputs(F32, tq=20, tk=20, batch=2, heads=2)
-    kmask, qmask = _masks(left=False, tq=20, tk=20, batch=2)
-    seed = torch.tensor([7], dtype=torch.int64, device=DEVICE)
-    results = []
-    for module in (triton_flash, triton_short):
-        out = module.triton_attention(q, k, v, hybrid_weight=u if scheme == "hnas" else None, key_padding_mask=kmask,
-                                      query_padding_mask=qmask, dropout_p=0.3, seed=seed)
-        inputs = (q, k, v, u) if scheme == "hnas" else (q, k, v)
-        results.append((out, *torch.autograd.grad(out, inputs, do)))
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, atol=_grad_tol(b.detach()), rtol=0)
+    """The same mask (a function of (seed, b H + h, i, j // 16) only)."""
+    check_same_as_v1(triton_short, scheme)
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_bitwise_repeatable(deterministic):
-    """No atomics (du's batch sum is torch's reduction): the same bits every
-    run, with and without torch.use_deterministic_algorithms."""
-    q, k, v, do, u = _inputs(F16, tq=20, tk=20, batch=2, heads=2)
-    kmask, qmask = _masks(left=True, tq=20, tk=20, batch=2)
-    seed = torch.tensor([11], dtype=torch.int64, device=DEVICE)
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic)
-    try:
-        runs = []
-        for _ in range(2):
-            out = triton_short.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=kmask,
-                                                query_padding_mask=qmask, dropout_p=0.2, seed=seed)
-            runs.append((out, *torch.autograd.grad(out, (q, k, v, u), do)))
-    finally:
-        torch.use_deterministic_algorithms(before)
-    for a, b in zip(*runs):
-        assert torch.equal(a, b)
+    """No atomics (du's batch sum is torch's reduction)."""
+    check_bitwise_repeatable(triton_short, deterministic)
 
 
 def test_a_long_input_is_refused():
@@ -291,3 +249,24 @@ def test_fairseq_module_on_the_one_tile_kernels(scheme, monkeypatch):
     m.to(DEVICE)
     torch.testing.assert_close(out.double().cpu()[real.cpu()], ref[real.cpu()], atol=1e-5, rtol=0)
     module_gradients_match_materialized(m, x, mask, out, monkeypatch)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
+@pytest.mark.full  # compiles 20 variants (about a minute)
+def test_one_tile_kernels_compile_for_sm90_without_spills():
+    """The one-tile kernels compiled for an H100 as the JIT specializes a real
+    call (benchmarks/triton_spills.py, which picks them through
+    kernels.triton_kernels): at length 100 the 128 x 128 tile of DNAS at head
+    size 64, at length 60 the 64 x 64 tile of every scheme and head size;
+    DNAS/HNAS x dropout 0/0.1, no register spills at all (--max-stack 0),
+    no wgmma serialized by ptxas."""
+    from test_triton_tiles import _compile
+
+    short = "--kernels", "short_forward,short_backward", "--version", "v2", "--sinkhorn", "1", "--max-stack", "0"
+    seen, summary = _compile("fp16:64,bf16:128", "--length", "100", *short)
+    assert {(case, kernel) for case, kernel, _ in seen} == {("fp16:64", "short_forward"), ("fp16:64", "short_backward")}
+    assert all("HYBRID=0" in flags for _, _, flags in seen) and len(seen) == 4, seen  # HNAS: 64 at most
+    assert "0 with a stack" in summary and "0 with wgmma serialized by ptxas" in summary, summary
+    seen, summary = _compile("fp16:64,bf16:128", "--length", "60", *short)
+    assert len(seen) == 16, seen  # 2 cases x 2 kernels x HYBRID x DROPOUT
+    assert "0 with a stack" in summary and "0 with wgmma serialized by ptxas" in summary, summary

@@ -17,7 +17,7 @@ Same function, interface (``triton_attention``) and dropout mask
 j // 16) only) as v1 and v2. Notation as ``triton_flash.py``: s = q_i . k_j
 (q scaled), everything in the exp2 domain of v2 (s2 = s log2 e, scaled once
 after the matmul; c2, r2 in log2 units). Equations with their derivation:
-``docs/math.md#the-one-tile-kernels-triton_shortpy``.
+``docs/math.md#the-one-tile-kernels-triton_shortpy-short-inputs``.
 
 Forward (``_short_forward_kernel``, Algorithm 1 steps 3-5):
     S2      = Q K^T log2 e                                     one matmul
