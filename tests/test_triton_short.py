@@ -252,12 +252,12 @@ def test_fairseq_module_on_the_one_tile_kernels(scheme, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
-@pytest.mark.full  # compiles 20 variants (about a minute)
+@pytest.mark.full  # compiles 36 variants (about two minutes)
 def test_one_tile_kernels_compile_for_sm90_without_spills():
     """The one-tile kernels compiled for an H100 as the JIT specializes a real
     call (benchmarks/triton_spills.py, which picks them through
     kernels.triton_kernels): at length 100 the 128 x 128 tile of DNAS at head
-    size 64, at length 60 the 64 x 64 tile of every scheme and head size;
+    size 64, at lengths 60 and 20 the 64 x 64 and 32 x 32 tiles of every scheme and head size;
     DNAS/HNAS x dropout 0/0.1, no register spills at all (--max-stack 0),
     no wgmma serialized by ptxas."""
     from test_triton_tiles import _compile
@@ -267,6 +267,7 @@ def test_one_tile_kernels_compile_for_sm90_without_spills():
     assert {(case, kernel) for case, kernel, _ in seen} == {("fp16:64", "short_forward"), ("fp16:64", "short_backward")}
     assert all("HYBRID=0" in flags for _, _, flags in seen) and len(seen) == 4, seen  # HNAS: 64 at most
     assert "0 with a stack" in summary and "0 with wgmma serialized by ptxas" in summary, summary
-    seen, summary = _compile("fp16:64,bf16:128", "--length", "60", *short)
-    assert len(seen) == 16, seen  # 2 cases x 2 kernels x HYBRID x DROPOUT
-    assert "0 with a stack" in summary and "0 with wgmma serialized by ptxas" in summary, summary
+    for length in (60, 20):  # the 64 x 64 tile (wgmma) and the 32 x 32 one (mma.sync)
+        seen, summary = _compile("fp16:64,bf16:128", "--length", str(length), *short)
+        assert len(seen) == 16, seen  # 2 cases x 2 kernels x HYBRID x DROPOUT
+        assert "0 with a stack" in summary and "0 with wgmma serialized by ptxas" in summary, summary

@@ -75,8 +75,8 @@ from fairseq_dnas.attention.triton_flash import _output_buffer, call_facts, drop
 from fairseq_dnas.attention.triton_flash_v2 import _pad_ptr
 
 BLOCK_MAX = 128  # the largest tile: a 128 x 128 float32 score block a CTA
-# Warps per CTA by (input kind, head size class) and tile (64: BLOCK <= 64;
-# 128), from what ptxas makes of each kernel for sm_90
+# Warps per CTA by (input kind, head size class) and tile side (32: 16 and
+# 32; 64; 128), from what ptxas makes of each kernel for sm_90
 # (benchmarks/triton_spills.py; docs/results/2026-11-26-sm90-compiler-short-tile.md):
 # the fewest instructions a score without register spills. At 64 x 64, 4 warps
 # issue half the instructions of 8 (a 64-row wgmma needs one warpgroup), but
@@ -84,10 +84,14 @@ BLOCK_MAX = 128  # the largest tile: a 128 x 128 float32 score block a CTA
 # 4 warps spill. float32 never runs these kernels on a GPU (kernels.SHORT_MAX).
 # Untimed (benchmarks/gpu_measure.sh STEPS=kernels times them).
 SHORT_WARPS = {
-    ("half", 64): {64: dict(forward=4, backward=4), 128: dict(forward=8, backward=8)},
-    ("half", 128): {64: dict(forward=4, backward=8), 128: dict(forward=8, backward=8)},
-    ("float32", 64): {64: dict(forward=8, backward=8), 128: dict(forward=8, backward=8)},
-    ("float32", 128): {64: dict(forward=8, backward=8), 128: dict(forward=8, backward=8)},
+    ("half", 64): {32: dict(forward=2, backward=2), 64: dict(forward=4, backward=4),
+                   128: dict(forward=8, backward=8)},
+    ("half", 128): {32: dict(forward=2, backward=4), 64: dict(forward=4, backward=8),
+                    128: dict(forward=8, backward=8)},
+    ("float32", 64): {32: dict(forward=4, backward=4), 64: dict(forward=8, backward=8),
+                      128: dict(forward=8, backward=8)},
+    ("float32", 128): {32: dict(forward=4, backward=4), 64: dict(forward=8, backward=8),
+                       128: dict(forward=8, backward=8)},
 }
 
 
@@ -97,7 +101,7 @@ def block_size(tq: int, tk: int) -> int:
 
 
 def _warps(kernel: str, d: int, dtype: torch.dtype, block: int) -> int:
-    return 1 if INTERPRETED else SHORT_WARPS[tile_case(d, dtype)][max(block, 64)][kernel]
+    return 1 if INTERPRETED else SHORT_WARPS[tile_case(d, dtype)][max(block, 32)][kernel]
 
 
 # --------------------------------------------------------------------------
