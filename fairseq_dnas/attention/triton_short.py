@@ -117,12 +117,18 @@ def _finite_max(x, axis: tl.constexpr):
 
 
 @triton.jit
-def _column_lse2(s2, real_q, real_k):
-    """c2[j] = log2 sum_{i real} 2^s2[i, j] (Algorithm 1 step 4, log2 units);
-    +inf at padded keys, keys past T_k and keys no real query sees."""
-    sc = tl.where(real_q[:, None], s2, float("-inf"))  # padded queries stay out of c
-    m = _finite_max(sc, 0)
-    l = tl.sum(tl.exp2(sc - m[None, :]), 0)
+def _column_lse2(s2_t, real_q, real_k):
+    """c2[j] = log2 sum_{i real} 2^s2[i, j] (Algorithm 1 step 4, log2 units)
+    from the transposed scores s2_t (keys, queries) = K Q^T log2 e: a third
+    matmul, which makes the column reductions row reductions of a matmul
+    tile (within a thread and a quad of lanes; across the rows of the warps
+    and through shared memory they took 392 of the forward's 3,506
+    instructions, fp16:64, and it halves the forward's instructions a score:
+    docs/results/2026-11-26-sm90-compiler-short-tile.md). +inf at padded
+    keys, keys past T_k and keys no real query sees."""
+    sc = tl.where(real_q[None, :], s2_t, float("-inf"))  # padded queries stay out of c
+    m = _finite_max(sc, 1)
+    l = tl.sum(tl.exp2(sc - m[:, None]), 1)
     ok = real_k & (l > 0)
     return tl.where(ok, m + tl.log2(tl.where(ok, l, 1.0)), float("inf"))
 
@@ -173,7 +179,7 @@ def _short_forward_kernel(
         PRECISION, INT64, BLOCK, BLOCK_D)
     real_q = _real(QPAD, b, offs, TQ, HAS_PAD)
     real_k = _real(KPAD, b, offs, TK, HAS_PAD)
-    c2 = _column_lse2(s2, real_q, real_k)  # step 4's column normalizer
+    c2 = _column_lse2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E, real_q, real_k)  # step 4
     p, r2 = _row_softmax2(s2 - c2[None, :], real_q)  # pi_D: c2 = inf zeroes padded keys
     if HYBRID:  # UNAS (step 3): the row softmax of the same scores over the keys DNAS keeps
         p_u, ru2 = _row_softmax2(tl.where(c2[None, :] < float("inf"), s2, float("-inf")), real_q)
