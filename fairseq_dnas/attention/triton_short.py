@@ -4,10 +4,10 @@ For T_q, T_k <= 128 (Gigaword's sources) one program (CTA) per batch * head
 holds the head's whole score block: BLOCK = the next power of two >=
 max(T_q, T_k, 16) queries and keys (``block_size``). The DNAS column
 normalizer, the row normalization and the backward's column term are then
-reductions over the two axes of one register tile, with no column pass and
-no second backward pass: FlashAttention-2's operation count, 2 matmuls
-forward (3 for none: the mixture of HNAS is formed before its one product
-with V) and 5 backward. ``kernels.triton_kernels`` (the one place that
+reductions of register tiles, with no column pass and no second backward
+pass: 3 matmuls forward (FlashAttention-2's 2, plus K Q^T for the column
+normalizer; HNAS's mixture is formed before its one product with V) and
+FlashAttention-2's 5 backward. ``kernels.triton_kernels`` (the one place that
 chooses) sends short calls here when the v2 kernels are selected
 (``FAIRSEQ_DNAS_TRITON_SHORT``: auto, 0, 1); longer inputs and Sinkhorn
 iterations > 1 keep ``triton_flash_v2.py`` / ``triton_flash.py``.
@@ -20,7 +20,7 @@ after the matmul; c2, r2 in log2 units). Equations with their derivation:
 ``docs/math.md#the-one-tile-kernels-triton_shortpy-short-inputs``.
 
 Forward (``_short_forward_kernel``, Algorithm 1 steps 3-5):
-    S2      = Q K^T log2 e                                     one matmul
+    S2      = Q K^T log2 e                                     one matmul (and K Q^T, for c2's reductions)
     c2[j]   = log2 sum_{i real} 2^S2[i, j]                     (step 4; +inf at padded keys)
     pi_D    = row softmax of S2 - c2 (base 2), r2[i] its row lse
     pi_U    = row softmax of S2 over the real keys, ru2[i]     (HNAS, step 3)
