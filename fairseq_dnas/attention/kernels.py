@@ -59,10 +59,11 @@ a step, the key-major backward with three accumulators), ``v2``
 in, q centred once per head, exp2 domain, no atomics) or ``auto`` (default):
 ``v1`` until a GPU has timed ``v2`` faster (docs/performance.md). Sinkhorn
 iterations > 1 always run ``v1`` (``triton_sinkhorn.py`` extends only it).
-Short inputs (T_q, T_k <= ``short_max``: 128 or 64 by head size and scheme, never float32) run ``v2-short``
-(``triton_short.py``: one tile a head, two kernels a step) wherever
-``FAIRSEQ_DNAS_TRITON_SHORT`` allows: ``auto`` (default) when ``v2`` is
-selected, ``1`` whatever the version, ``0`` never.
+Short inputs (T_q, T_k <= ``short_max``: 128 or 64 by head size and
+scheme, never float32) run ``v2-short`` (``triton_short.py``: one tile a
+head, two kernels a step) wherever ``FAIRSEQ_DNAS_TRITON_SHORT`` allows:
+``auto`` (default) when ``v2`` is selected, ``1`` whatever the version,
+``0`` never.
 """
 
 import importlib.util
