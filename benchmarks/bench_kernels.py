@@ -3,7 +3,10 @@ forward + backward, against PyTorch's scaled_dot_product_attention (SDPA:
 cuDNN or FlashAttention-2 on an H100), v1 and v2 side by side (issue 28).
 
 B 8, H 16, D 64, float16, T 512 to 4096, attention dropout 0 and 0.1, no
-padding. Per case: wall milliseconds a step (median over rounds,
+padding; then short inputs, B 128, H 16 (2,048 heads a call, Gigaword's
+sources), T 64 and 128, where the one-tile kernels (``triton_short.py``,
+"v2-short") run beside v1 and v2's long kernels wherever ``kernels.short_max``
+lets them (DNAS up to 128, HNAS up to 64 at head size 64). Per case: wall milliseconds a step (median over rounds,
 synchronized), kernel milliseconds (the sum of the GPU kernels' own times in
 one profiled step, torch.profiler), kernels a step, and both as ratios to
 SDPA measured in the same run; beside them the floor that operation counts
@@ -22,8 +25,8 @@ import torch
 import bench_common as common
 from bench_common import log
 
-SIZES = dict(batch=8, heads=16, head_dim=64)
-LENGTHS = (512, 1024, 2048, 4096)
+SIZES = dict(batch=8, heads=16, head_dim=64, lengths=(512, 1024, 2048, 4096))
+SHORT_SIZES = dict(batch=128, heads=16, head_dim=64, lengths=(64, 128))  # the one-tile kernels' inputs
 QUICK = dict(batch=1, heads=1, head_dim=16, lengths=(32,))
 EXP_WEIGHT = 1.5  # an exponential per score, in matmuls per score, where the two do not overlap
 # (matmuls, exponentials) per score element, forward + backward
@@ -35,6 +38,8 @@ OPS = {
     "hnas v1": (12, 7),   # + P_U V in the forward, P_U recomputed in both backward passes
     "dnas v2": (11, 4),   # triton_flash_v2: column (2: + X_j) + forward (2) + kv (4) + q (3)
     "hnas v2": (12, 7),
+    "dnas v2-short": (8, 3),  # triton_short: K Q^T, S, PV | S, dO V^T, dq, dk, dv; exps: column, row | pi_D
+    "hnas v2-short": (8, 5),  # the mixture before its one PV; exps: + pi_U forward and backward
 }
 
 
@@ -62,16 +67,16 @@ def _kernel_ms(step):
 def kernels_section(args):
     """Rows: length, dropout, case (sdpa, dnas v1, dnas v2, hnas v1, hnas v2),
     wall and kernel milliseconds, kernels a step, ratios to SDPA, floor."""
-    from fairseq_dnas.attention import triton_common, triton_flash, triton_flash_v2
+    from fairseq_dnas.attention import kernels, triton_common, triton_flash, triton_flash_v2, triton_short
 
     if common.DEVICE.type != "cuda" and not (args.quick and triton_common.INTERPRETED):
         log("kernels: skipped (needs CUDA; on CPU only with --quick under TRITON_INTERPRET=1)")
         return [{"skipped": "needs CUDA (or --quick under TRITON_INTERPRET=1)"}]
-    sizes = QUICK if args.quick else dict(SIZES, lengths=LENGTHS)
     dtype = torch.float16
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for length in sizes["lengths"]:
+    for sizes, length in [(sizes, length) for sizes in ([QUICK] if args.quick else [SIZES, SHORT_SIZES])
+                          for length in sizes["lengths"]]:
         shape = (sizes["batch"], sizes["heads"], length, sizes["head_dim"])
         q, k, v, grad = (torch.randn(shape, generator=gen).to(common.DEVICE, dtype) for _ in range(4))
         q, k, v = (x.requires_grad_() for x in (q, k, v))
@@ -84,6 +89,10 @@ def kernels_section(args):
                 "hnas v1": lambda p=p: triton_flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
                 "hnas v2": lambda p=p: triton_flash_v2.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
             }
+            for scheme in ("dnas", "hnas"):  # the one-tile kernels where kernels.py would run them
+                if length <= kernels.short_max(sizes["head_dim"], dtype, scheme):
+                    runs[f"{scheme} v2-short"] = lambda p=p, w=(u if scheme == "hnas" else None): (
+                        triton_short.triton_attention(q, k, v, hybrid_weight=w, dropout_p=p))
             inputs = {name: (q, k, v, u) if name.startswith("hnas") else (q, k, v) for name in runs}
             steps = {name: (lambda f=f, name=name: torch.autograd.grad(f(), inputs[name], grad))
                      for name, f in runs.items()}

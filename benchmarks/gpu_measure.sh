@@ -7,8 +7,10 @@
 # pytest-gpu.log, tiles.json, tiles.log, benchmark.log, gpu.json, gpu.md,
 # tuned.json, tuned.md, mask.log and train*.log to OUT_DIR. STEPS=kernels times the
 # v1 and v2 Triton kernels alone against SDPA (benchmark.py --sections kernels:
-# kernels.json, kernels.md) after checking v2 on this GPU (FAIRSEQ_DNAS_TRITON_KERNELS=v2
-# python -m fairseq_dnas.check: check-v2.log); about 3 minutes.
+# kernels.json, kernels.md; T 512-4096, then T 64 and 128 at B 128 x H 16 with
+# the one-tile kernels, v2-short, beside v1 and v2's long ones) after checking
+# v2 and v2-short on this GPU (FAIRSEQ_DNAS_TRITON_KERNELS=v2 python -m
+# fairseq_dnas.check: check-v2.log); about 4 minutes.
 # About 20 minutes on an H100 in all; the lent machine runs at most 10
 # minutes a command, so there run one step a call (STEPS=tests, then tiles,
 # then benchmark, then tuned; see docs/performance.md#running-on-a-gpu).
@@ -23,7 +25,7 @@ PYTHON="${PYTHON:-python3}"                  # an interpreter with CUDA torch, f
 OUT_DIR="${OUT_DIR:-gpu-results}"            # where the logs and results go
 STEPS="${STEPS:-tests,tiles,benchmark,tuned}" # any of tests,tiles,benchmark,tuned,kernels,mask,train, comma-separated, in this order
 SECTIONS="${SECTIONS:-module,model,generate}" # benchmark sections (crossover: dense vs triton)
-TESTS="${TESTS:-tests/test_triton.py tests/test_triton_v2.py tests/test_triton_tiles.py tests/test_kernels.py}"
+TESTS="${TESTS:-tests/test_triton.py tests/test_triton_v2.py tests/test_triton_short.py tests/test_triton_tiles.py tests/test_kernels.py}"
 TILE_CASES="${TILE_CASES:-fp16:64}"          # cases benchmarks/triton_tiles.py times (the benchmark's head size 64)
 MASK_REFERENCE="${MASK_REFERENCE:-}"         # step mask: the interpreter's masks (gpu_dropout_mask.py --interpreter); empty: computed there
 TRAIN_DATA="${TRAIN_DATA:-data/gigaword/bin}" # step train: examples/gigaword/prepare.sh's OUT_DIR/bin
@@ -71,7 +73,7 @@ if has_step tuned; then
     | tee "$OUT_DIR/tuned.log"
 fi
 if has_step kernels; then
-  echo "[gpu_measure] v2 kernels against float64 on this GPU, then v1 and v2 timed against SDPA"
+  echo "[gpu_measure] v2 and v2-short kernels against float64 on this GPU, then v1, v2, v2-short timed against SDPA"
   FAIRSEQ_DNAS_TRITON_KERNELS=v2 "$PYTHON" -m fairseq_dnas.check 2>&1 | tee "$OUT_DIR/check-v2.log"
   PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py --device cuda --sections kernels \
     --json "$OUT_DIR/kernels.json" --markdown "$OUT_DIR/kernels.md" 2>&1 | tee "$OUT_DIR/kernels.log"

@@ -38,7 +38,9 @@ instructions come from.
     python benchmarks/triton_spills.py --cases fp16:64 --no-report
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
     python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64,bf16:64,fp16:128,bf16:128
-                                                               # the v2 kernels (triton_flash_v2.py)
+                                                               # v2: at length 100 the one-tile kernels
+                                                               # (triton_short.py), as kernels.py picks them
+    python benchmarks/triton_spills.py --version v2 --short 0 --sinkhorn 1   # v2's long kernels (or --length 200)
     python benchmarks/triton_spills.py --compare v1.json v2.json   # the before/after table of two --json runs
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
@@ -75,10 +77,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
+from fairseq_dnas.attention import kernels as K  # noqa: E402
 from fairseq_dnas.attention import triton_flash as F  # noqa: E402
-from fairseq_dnas.attention import triton_flash_v2  # noqa: E402
+from fairseq_dnas.attention import triton_flash_v2, triton_short  # noqa: E402
 
-VERSIONS = {"v1": F, "v2": triton_flash_v2}  # FAIRSEQ_DNAS_TRITON_KERNELS's values (kernels.triton_kernels)
+VERSIONS = ("v1", "v2")  # FAIRSEQ_DNAS_TRITON_KERNELS's values (kernels.triton_kernels)
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 (warp size 32)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -134,12 +137,20 @@ def capture(case, args, sinkhorn_iters):
     """The kernels' specializations of one (dtype, head size): the forward and
     backward of DNAS and HNAS, dropout 0 and 0.1, one and ``sinkhorn_iters``
     Sinkhorn rounds, with padding, in the fairseq module's layout, on the
-    kernels of ``args.version`` (v2 runs v1's for Sinkhorn rounds)."""
+    kernels ``kernels.triton_kernels`` picks for ``args.version`` and
+    ``args.short`` at this length (v2 runs v1's for Sinkhorn rounds; short
+    inputs may run the one-tile kernels)."""
     dtype, head = case
     torch_dtype = DTYPES[dtype]
     heads, length, bsz = max(args.hidden // head, 2), args.length, args.batch
     saved = {k: dict(v) for k, v in F.GPU_TILES.items()}
     saved_v2 = {k: dict(v) for k, v in triton_flash_v2.V2_GPU_TILES.items()}
+    saved_short = {k: {block: dict(w) for block, w in v.items()} for k, v in triton_short.SHORT_WARPS.items()}
+    if args.short_warps:  # every tile of this case
+        for warps in triton_short.SHORT_WARPS[F.tile_case(head, torch_dtype)].values():
+            warps.update(forward=args.short_warps, backward=args.short_warps)
+    saved_env = {name: os.environ.get(name) for name in (K.KERNELS_ENV, K.SHORT_ENV)}
+    os.environ[K.KERNELS_ENV], os.environ[K.SHORT_ENV] = args.version, args.short
     F.GPU_TILES[F.tile_case(head, torch_dtype)].update(args.tiles)
     if args.version == "v2":  # v2's own entries take precedence over GPU_TILES: --tiles replaces them too
         triton_flash_v2.V2_GPU_TILES.setdefault(F.tile_case(head, torch_dtype), {}).update(args.tiles)
@@ -158,8 +169,10 @@ def capture(case, args, sinkhorn_iters):
                                .view(length, bsz, heads, head).permute(1, 2, 0, 3).requires_grad_()
                                for _ in range(3))
                     u = torch.full((heads,), 0.5, requires_grad=True) if hybrid else None
-                    out = VERSIONS[args.version].triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
-                                             query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters)
+                    scheme = "hnas" if hybrid else "dnas"
+                    module = K.triton_module(iters, K.triton_kernels(iters, length, length, head, torch_dtype, scheme))
+                    out = module.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
+                                                  query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters)
                     out.float().sum().backward()
     finally:
         JITFunction.run = original
@@ -168,6 +181,13 @@ def capture(case, args, sinkhorn_iters):
             F.GPU_TILES[key].update(value)
         triton_flash_v2.V2_GPU_TILES.clear()
         triton_flash_v2.V2_GPU_TILES.update(saved_v2)
+        triton_short.SHORT_WARPS.clear()
+        triton_short.SHORT_WARPS.update(saved_short)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return list(jit.jobs.values())
 
 
@@ -193,9 +213,19 @@ def loop_body(sass: str):
     return None
 
 
-def cubin_report(binary):
+def straight_length(sass: str):
+    """Instructions of a kernel without a loop (the one-tile kernels: every
+    instruction runs once a program), up to its last EXIT (the NOPs and the
+    branch-to-self after it are padding)."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    exits = [i for i, (_, text) in enumerate(lines) if re.search(r"\bEXIT\b", text)]
+    return exits[-1] + 1 if exits else len(lines)
+
+
+def cubin_report(binary, straight=False):
     """(registers, stack bytes, matmul kind, loop-body instructions) of the
-    cubin Triton built, as the GPU would load it: cuobjdump
+    cubin Triton built, as the GPU would load it (``straight``, a one-tile
+    kernel without a loop: ``straight_length``, all its instructions): cuobjdump
     --dump-resource-usage (register spills live on the stack) and the SASS
     ("wgmma" when every tensor-core instruction is HGMMA, "mma.sync" when
     every one is HMMA, "mixed", or "-" for none: a kernel without matmuls, or
@@ -213,7 +243,8 @@ def cubin_report(binary):
         raise RuntimeError(f"cuobjdump failed: {res.stdout[-1000:]}{res.stderr[-1000:]}{sass.stderr[-1000:]}")
     wgmma, mma = len(re.findall(r"\bHGMMA", sass.stdout)), len(re.findall(r"\bHMMA", sass.stdout))
     kind = {(True, False): "wgmma", (False, True): "mma.sync", (True, True): "mixed"}.get((wgmma > 0, mma > 0), "-")
-    return int(usage.group(1)), int(usage.group(2)), kind, loop_body(sass.stdout)
+    body = straight_length(sass.stdout) if straight else loop_body(sass.stdout)
+    return int(usage.group(1)), int(usage.group(2)), kind, body
 
 
 SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's C7515 advisory
@@ -256,7 +287,7 @@ def describe(kernel, constexprs, options):
     """(kernel name, tile text, {flag: value}) of one specialization."""
     by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
     flags = {f: bool(by_name[f]) for f in FLAGS if f in by_name}
-    bm, bn = by_name.get("BLOCK_M"), by_name.get("BLOCK_N")
+    bm, bn = by_name.get("BLOCK_M", by_name.get("BLOCK")), by_name.get("BLOCK_N", by_name.get("BLOCK"))
     tile = f"{bm}x{bn}" if bn is not None else f"{bm}"
     return kernel.__name__.strip("_").removesuffix("_kernel"), tile, flags
 
@@ -296,7 +327,8 @@ def markdown_table(rows):
     return "\n".join(out)
 
 
-KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "backward_q")
+KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "backward_q", "short_forward",
+                "short_backward")
 
 
 def compare_table(before, after):
@@ -339,8 +371,13 @@ def main(argv=None):
                    metavar="KERNEL=M,N,WARPS[,STAGES]", help="compile this tile instead of GPU_TILES' (repeatable)")
     p.add_argument("--sinkhorn", type=int, default=3, metavar="N",
                    help="also compile the Sinkhorn kernels with N rounds (default 3; 1: none)")
-    p.add_argument("--version", choices=tuple(VERSIONS), default="v1",
+    p.add_argument("--version", choices=VERSIONS, default="v1",
                    help="which kernels: v1 (triton_flash.py, default) or v2 (triton_flash_v2.py)")
+    p.add_argument("--short", choices=K.SHORT_MODES, default="auto",
+                   help="FAIRSEQ_DNAS_TRITON_SHORT for the calls: auto (default: with v2, lengths <= 128 run "
+                        "the one-tile kernels, triton_short.py), 1 (whatever the version) or 0 (never)")
+    p.add_argument("--short-warps", type=int, choices=(4, 8),
+                   help="compile the one-tile kernels with this many warps instead of SHORT_WARPS'")
     p.add_argument("--length", type=int, default=100,
                    help="sequence length of the calls (default 100: not a multiple of 16, as most batches)")
     p.add_argument("--batch", type=int, default=8, help="sentences of the calls (default 8)")
@@ -390,16 +427,18 @@ def main(argv=None):
                 rows.append(dict(case=label_case))
                 print(head, flush=True)
                 continue
-            regs, stack, kind, loop = cubin_report(binary)
+            straight = name.startswith("short_")  # the one-tile kernels (triton_short.py): no loop
+            regs, stack, kind, loop = cubin_report(binary, straight)
             by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
-            score = by_name.get("BLOCK_M", 0) * by_name.get("BLOCK_N", 0)
+            score = by_name.get("BLOCK_M", by_name.get("BLOCK", 0)) * by_name.get("BLOCK_N", by_name.get("BLOCK", 0))
             per_score = loop * 32 * options.num_warps / score if loop and score else None
             rows.append(dict(case=label_case, kernel=name, tile=tile, warps=options.num_warps,
                              stages=options.num_stages, flags=flags, registers=regs, stack=stack,
                              shared=binary.metadata.shared, kind=kind, loop=loop, per_score=per_score,
                              serialized=serialized))
             kinds[kind] = kinds.get(kind, 0) + 1
-            loop_text = f", loop {loop} instructions ({per_score:.2f} a score)" if per_score else (
+            what = "kernel" if straight else "loop"
+            loop_text = f", {what} {loop} instructions ({per_score:.2f} a score)" if per_score else (
                 f", loop {loop} instructions" if loop else "")
             print(f"{head}: {regs} registers, {stack} bytes of stack, {binary.metadata.shared} bytes shared, "
                   f"{kind}{loop_text}" + (", wgmma serialized by ptxas" if serialized else ""), flush=True)

@@ -3,8 +3,10 @@
 Run once on a GPU machine before training. Prints the device and versions,
 then one table: every configuration the kernels compile for (float16,
 bfloat16, float32 x head size 64, 128 x DNAS, HNAS x dropout off, on x
-Sinkhorn iterations 1, 3; all with padding) checked against Algorithm 1 in
-float64 (``selfcheck.compare``: the same comparison the first-use check
+Sinkhorn iterations 1, 3; all with padding; the one-tile kernels of short
+inputs beside the long ones where ``kernels.triton_kernels`` runs them)
+checked against Algorithm 1 in float64 (``selfcheck.compare``: the same
+comparison the first-use check
 makes, forward and gradients), then a speed and a memory line against
 torch's ``scaled_dot_product_attention``. Exit status 1 if any configuration
 disagrees or fails to run, 0 otherwise.
@@ -84,7 +86,9 @@ def device_line(device: torch.device) -> str:
 
 
 def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.device):
-    from fairseq_dnas.attention.kernels import triton_kernels
+    """Every configuration to check; where short inputs run the one-tile
+    kernels (``kernels.short_kernels_selectable``), those beside the long ones."""
+    from fairseq_dnas.attention.kernels import short_kernels_selectable, triton_kernels
     from fairseq_dnas.attention.selfcheck import Config
 
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -93,18 +97,25 @@ def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.de
             for scheme in schemes:
                 for dropout in dropouts:
                     for iters in sinkhorns:
-                        yield Config(str(device), DTYPES[dtype], int(head), scheme, dropout == "on", int(iters), True,
-                                     tf32 and dtype == "float32", triton_kernels(int(iters)))
+                        versions = [triton_kernels(int(iters))]
+                        if short_kernels_selectable(int(iters), int(head), DTYPES[dtype], scheme):
+                            versions.insert(0, "v2-short")
+                        for version in versions:
+                            yield Config(str(device), DTYPES[dtype], int(head), scheme, dropout == "on", int(iters),
+                                         True, tf32 and dtype == "float32", version)
 
 
-HEADER = (f"{'scheme':6} {'dtype':9} {'head':>4} {'dropout':7} {'sinkhorn':>8}  "
+HEADER = (f"{'scheme':6} {'dtype':9} {'head':>4} {'dropout':7} {'sinkhorn':>8} {'kernels':8} {'T':>3}  "
           f"{'output err':>10} {'tol':>7}  {'grad err':>8} {'':2} {'tol':>7}  result")
 
 
 def row(result) -> str:
     c = result.config
     dtype = str(c.dtype).replace("torch.", "") + ("+tf32" if c.tf32 else "")
-    head = f"{c.scheme:6} {dtype:9} {c.head_dim:>4} {'on' if c.dropout else 'off':7} {c.sinkhorn_iters:>8}  "
+    from fairseq_dnas.attention.selfcheck import sizes
+
+    head = (f"{c.scheme:6} {dtype:9} {c.head_dim:>4} {'on' if c.dropout else 'off':7} {c.sinkhorn_iters:>8} "
+            f"{c.kernels:8} {sizes(c)['length']:>3}  ")
     if result.error is not None:
         return head + f"{'-':>10} {'':7}  {'-':>8} {'':2} {'':7}  ERROR {result.error}"
     verdict = "ok" if result.ok else "DISAGREES"
@@ -200,9 +211,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     print(f"device: {device_line(device)}")
     from fairseq_dnas.attention import selfcheck
-    from fairseq_dnas.attention.kernels import KERNELS_ENV, triton_kernels
+    from fairseq_dnas.attention.kernels import KERNELS_ENV, SHORT_ENV, triton_kernels
 
-    print(f"kernels: {triton_kernels()} (${KERNELS_ENV}; Sinkhorn iterations > 1 run v1)")
+    short = ("v2-short for short inputs (T <= 64 or 128, half precision)" if triton_kernels(1, 16, 16) == "v2-short"
+             else "no one-tile kernels")
+    print(f"kernels: {triton_kernels()} (${KERNELS_ENV}; Sinkhorn iterations > 1 run v1; {short}, ${SHORT_ENV})")
 
     dtypes = list(args.dtypes)
     if args.interpret and "bfloat16" in dtypes:
@@ -210,13 +223,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("bfloat16: skipped: Triton's interpreter computes bfloat16 tl.dot wrongly (docs/performance.md); "
               "on a GPU the command checks it")
     sizes = selfcheck.CUDA_SIZES if device.type == "cuda" else selfcheck.INTERPRETER_SIZES
-    print(f"each row: B {sizes['batch']} x H {sizes['heads']} x T {sizes['length']}, padding on, forward and "
+    print(f"each row: B {sizes['batch']} x H {sizes['heads']} x T (column T), padding on, forward and "
           f"gradients (dq, dk, dv, du; the worst, relative to max(1, |grad|)) against float64; dropout "
           f"p = {selfcheck.DROPOUT_P} with the kernels' own mask")
     print(HEADER)
     results = []
     for config in configurations(dtypes, args.heads, args.schemes, args.dropout, args.sinkhorn, device):
-        result = selfcheck.compare(config, **sizes)
+        result = selfcheck.compare(config, **selfcheck.sizes(config))
         results.append(result)
         print(row(result), flush=True)
     bad = [r for r in results if not r.ok]

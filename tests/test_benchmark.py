@@ -123,9 +123,10 @@ def test_quick_roberta_benchmark_writes_json(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU stand-in for the GPU run")
 @pytest.mark.full  # about a minute on the interpreter; the v2 kernels are proved in tests/test_triton_v2.py
-def test_quick_kernels_section_times_v1_v2_and_sdpa(tmp_path):
+def test_quick_kernels_section_times_v1_v2_v2_short_and_sdpa(tmp_path):
     """--sections kernels under Triton's interpreter (conftest sets TRITON_INTERPRET=1):
-    SDPA, DNAS and HNAS on v1 and v2, dropout 0 and 0.1, the operation-count floor
+    SDPA, DNAS and HNAS on v1, v2 and the one-tile kernels (v2-short: T 32 is short), dropout 0 and 0.1,
+    the operation-count floor
     beside each (issue 28: DNAS 9 matmuls and 4 exponentials a score against
     FlashAttention-2's 7 and 2, an exponential weighed as 1.5 matmuls)."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -137,10 +138,10 @@ def test_quick_kernels_section_times_v1_v2_and_sdpa(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["kernels"]
-    assert [(r["dropout"], r["case"]) for r in rows] == [
-        (p, c) for p in (0.0, 0.1) for c in ("sdpa", "dnas v1", "dnas v2", "hnas v1", "hnas v2")]
+    assert [(r["dropout"], r["case"]) for r in rows] == [(p, c) for p in (0.0, 0.1) for c in (
+        "sdpa", "dnas v1", "dnas v2", "hnas v1", "hnas v2", "dnas v2-short", "hnas v2-short")]
     assert all(_positive(r["wall_ms"]) and _positive(r["wall_ratio"]) for r in rows)
     assert all(r["floor"] == pytest.approx(floor(r["case"].split()[0])) for r in rows if r["case"] != "sdpa")
     md = subprocess.run([sys.executable, SCRIPT, "--render", str(out)], cwd=ROOT, capture_output=True, text=True,
                         timeout=120)
-    assert md.returncode == 0 and "| 32 | 0.1 | hnas v2 |" in md.stdout, md.stdout + md.stderr[-2000:]
+    assert md.returncode == 0 and "| 32 | 0.1 | hnas v2-short |" in md.stdout, md.stdout + md.stderr[-2000:]

@@ -30,6 +30,13 @@ LENGTHS = (37, 20, 1)  # a one-token sentence: its only key is its only query
 V2_BUDGET = 5  # launches per forward + backward step (issue 28)
 
 
+@pytest.fixture(autouse=True)
+def _long_kernels_at_every_length(monkeypatch):
+    """These tests hold triton_flash_v2's kernels; short inputs would otherwise
+    run the one-tile kernels (tests/test_triton_short.py)."""
+    monkeypatch.setenv(kernels.SHORT_ENV, "0")
+
+
 def _inputs(dtype, tq=37, tk=37, d=20, batch=3, heads=1, seed=0, mean=0.7):
     """q (with a mean query away from 0: the q_proj bias that centring is for),
     k, v, an upstream gradient and u."""
@@ -115,31 +122,29 @@ def test_attend_runs_the_selected_kernels(version, first_kernel, monkeypatch):
 # --- exactness ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-@pytest.mark.parametrize("dtype", [F32, F16], ids=["float32", "float16"])
-@pytest.mark.parametrize("p", [0.0, 0.25], ids=["no-dropout", "dropout"])
-def test_forward_and_gradients_match_float64(scheme, dtype, p):
-    """Padded keys and queries (left padding, a one-token sentence), a mean
-    query far from 0, dropout with v1's mask for the same seed."""
+# The bodies are shared with tests/test_triton_short.py (the one-tile kernels), which runs them on its module.
+
+
+def check_exactness(module, scheme, dtype, p):
+    """37 positions, head size 20, left padding with a one-token sentence, a
+    mean query far from 0, dropout with v1's mask for the same seed."""
     q, k, v, do, u = _inputs(dtype)
     kmask, qmask = _masks(left=True)
-    _check_against_float64(triton_flash_v2, q, k, v, do, u, scheme, kmask, qmask, p)
+    _check_against_float64(module, q, k, v, do, u, scheme, kmask, qmask, p)
 
 
-@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_head_sizes_64_and_128(scheme, d):
-    q, k, v, do, u = _inputs(F16, tq=20, tk=20, d=d, batch=2, heads=1)
+def check_head_size(module, scheme, d, heads=1):
+    q, k, v, do, u = _inputs(F16, tq=20, tk=20, d=d, batch=2, heads=heads)
     kmask, qmask = _masks(left=False, tq=20, tk=20, batch=2)
-    _check_against_float64(triton_flash_v2, q, k, v, do, u, scheme, kmask, qmask, 0.25 if d == 64 else 0.0)
+    _check_against_float64(module, q, k, v, do, u, scheme, kmask, qmask, 0.25 if d == 64 else 0.0)
 
 
-@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_strided_views_and_cross_attention(scheme):
+def check_strided_views(module, scheme, tq=19, tk=33):
     """q, k, v as views of packed projections in fairseq's (T, B, H, D) order,
-    v with a transposed head dimension; T_q != T_k with separate masks."""
+    v with a transposed head dimension; T_q != T_k with separate masks.
+    Returns the output and the gradients."""
     g = torch.Generator().manual_seed(3)
-    bsz, heads, tq, tk, d = 2, 2, 19, 33, 16
+    bsz, heads, d = 2, 2, 16
     packed_q = (torch.randn(tq, bsz, heads, d, generator=g) + 0.5).to(DEVICE)
     packed_kv = torch.randn(tk, bsz, 2, heads, d, generator=g).to(DEVICE)
     q = packed_q.permute(1, 2, 0, 3).requires_grad_()
@@ -148,30 +153,32 @@ def test_strided_views_and_cross_attention(scheme):
     assert not q.is_contiguous() and not k.is_contiguous() and v.stride(-1) != 1
     do = torch.randn(bsz, heads, tq, d, generator=g).to(DEVICE)
     u = torch.tensor([0.3, 0.7], device=DEVICE, requires_grad=True)
-    kmask = padding_mask([33, 12], tk, False).to(DEVICE)
-    qmask = padding_mask([19, 5], tq, False).to(DEVICE)
-    out, _ = _check_against_float64(triton_flash_v2, q, k, v, do, u, scheme, kmask, qmask)
-    assert (out[1, :, 5:] == 0).all()  # padded queries give 0
+    real_q = (tq + 1) // 4
+    kmask = padding_mask([tk, tk * 4 // 11], tk, False).to(DEVICE)
+    qmask = padding_mask([tq, real_q], tq, False).to(DEVICE)
+    out, grads = _check_against_float64(module, q, k, v, do, u, scheme, kmask, qmask)
+    assert (out[1, :, real_q:] == 0).all()  # padded queries give 0
+    return out, grads
 
 
-@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_v2_equals_v1_for_the_same_dropout_seed(scheme):
+def check_same_as_v1(module, scheme):
+    """The same output and gradients as v1 for the same dropout seed (the same mask)."""
     q, k, v, do, u = _inputs(F32, tq=20, tk=20, batch=2, heads=2)
     kmask, qmask = _masks(left=False, tq=20, tk=20, batch=2)
     seed = torch.tensor([7], dtype=torch.int64, device=DEVICE)
+    inputs = (q, k, v, u) if scheme == "hnas" else (q, k, v)
     results = []
-    for module in (triton_flash, triton_flash_v2):
-        out = module.triton_attention(q, k, v, hybrid_weight=u if scheme == "hnas" else None, key_padding_mask=kmask,
-                                      query_padding_mask=qmask, dropout_p=0.3, seed=seed)
-        results.append((out, *torch.autograd.grad(out, (q, k, v), do)))
+    for kernels_module in (triton_flash, module):
+        out = kernels_module.triton_attention(q, k, v, hybrid_weight=u if scheme == "hnas" else None,
+                                              key_padding_mask=kmask, query_padding_mask=qmask, dropout_p=0.3,
+                                              seed=seed)
+        results.append((out, *torch.autograd.grad(out, inputs, do)))
     for a, b in zip(*results):
-        torch.testing.assert_close(a, b, atol=_grad_tol(b), rtol=0)
+        torch.testing.assert_close(a, b, atol=_grad_tol(b.detach()), rtol=0)
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_bitwise_repeatable(deterministic):
-    """No atomics: the same bits every run, with and without
-    torch.use_deterministic_algorithms (there is no other variant to select)."""
+def check_bitwise_repeatable(module, deterministic):
+    """The same bits every run, with and without torch.use_deterministic_algorithms."""
     q, k, v, do, u = _inputs(F16, tq=20, tk=20, batch=2, heads=2)
     kmask, qmask = _masks(left=True, tq=20, tk=20, batch=2)
     seed = torch.tensor([11], dtype=torch.int64, device=DEVICE)
@@ -180,13 +187,42 @@ def test_bitwise_repeatable(deterministic):
     try:
         runs = []
         for _ in range(2):
-            out = triton_flash_v2.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=kmask,
-                                                   query_padding_mask=qmask, dropout_p=0.2, seed=seed)
+            out = module.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=kmask,
+                                          query_padding_mask=qmask, dropout_p=0.2, seed=seed)
             runs.append((out, *torch.autograd.grad(out, (q, k, v, u), do)))
     finally:
         torch.use_deterministic_algorithms(before)
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["float32", "float16"])
+@pytest.mark.parametrize("p", [0.0, 0.25], ids=["no-dropout", "dropout"])
+def test_forward_and_gradients_match_float64(scheme, dtype, p):
+    check_exactness(triton_flash_v2, scheme, dtype, p)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_head_sizes_64_and_128(scheme, d):
+    check_head_size(triton_flash_v2, scheme, d)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_strided_views_and_cross_attention(scheme):
+    check_strided_views(triton_flash_v2, scheme)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_v2_equals_v1_for_the_same_dropout_seed(scheme):
+    check_same_as_v1(triton_flash_v2, scheme)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_bitwise_repeatable(deterministic):
+    """No atomics: there is no other variant to select."""
+    check_bitwise_repeatable(triton_flash_v2, deterministic)
 
 
 # --- launches per step ----------------------------------------------------------------------------------------
@@ -326,7 +362,7 @@ def test_v2_compiles_for_sm90_within_the_tile_rule():
     spills: triton_spills.py's exit status) and no wgmma serialized by ptxas."""
     from test_triton_tiles import _compile
 
-    seen, summary = _compile("fp16:64", "--version", "v2", "--sinkhorn", "1")
+    seen, summary = _compile("fp16:64", "--version", "v2", "--short", "0", "--sinkhorn", "1")  # the long kernels
     assert {kernel for _, kernel, _ in seen} == {"column", "forward", "backward_kv", "backward_q"}
     assert len(seen) == 13, seen  # column once, the other three in 4 variants each
     assert "0 with wgmma serialized by ptxas" in summary, summary

@@ -59,6 +59,11 @@ a step, the key-major backward with three accumulators), ``v2``
 in, q centred once per head, exp2 domain, no atomics) or ``auto`` (default):
 ``v1`` until a GPU has timed ``v2`` faster (docs/performance.md). Sinkhorn
 iterations > 1 always run ``v1`` (``triton_sinkhorn.py`` extends only it).
+Short inputs (T_q, T_k <= ``short_max``: 128 or 64 by head size and
+scheme, never float32) run ``v2-short`` (``triton_short.py``: one tile a
+head, two kernels a step) wherever ``FAIRSEQ_DNAS_TRITON_SHORT`` allows:
+``auto`` (default) when ``v2`` is selected, ``1`` whatever the version,
+``0`` never.
 """
 
 import importlib.util
@@ -77,6 +82,22 @@ PATHS = ("auto", "materialized", "dense", "flash", "blockwise", "fused", "triton
 PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
 KERNELS_ENV = "FAIRSEQ_DNAS_TRITON_KERNELS"
 KERNEL_VERSIONS = ("auto", "v1", "v2")
+SHORT_ENV = "FAIRSEQ_DNAS_TRITON_SHORT"
+SHORT_MODES = ("auto", "0", "1")
+# The longest T_q, T_k the one-tile kernels (triton_short.py) take, by input
+# kind, head size class and scheme: a CTA holds the whole score block, and
+# these are the tiles whose kernels compile for sm_90 without register spills
+# (benchmarks/triton_spills.py, docs/performance.md#the-one-tile-kernels-for-short-inputs).
+# At 128 x 128 the backward holds three float32 score tiles for HNAS (pi_D,
+# pi_U, G; 64 registers each at 8 warps) and spills 288-664 bytes, DNAS at
+# head size 128 8-104 bytes: those stop at 64. float32 (exact products on
+# the FMA units) spills kilobytes even at 64: never.
+SHORT_MAX = {
+    ("half", 64, "dnas"): 128, ("half", 64, "hnas"): 64,
+    ("half", 128, "dnas"): 64, ("half", 128, "hnas"): 64,
+    ("float32", 64, "dnas"): 0, ("float32", 64, "hnas"): 0,
+    ("float32", 128, "dnas"): 0, ("float32", 128, "hnas"): 0,
+}
 # What ``auto`` runs: v1 until a GPU has timed v2 faster on the kernels-alone
 # benchmark (benchmarks/benchmark.py --sections kernels); the change that
 # measures it flips this and records the figures in docs/performance.md.
@@ -168,25 +189,64 @@ def requested_path(path: Optional[str] = None) -> str:
     return requested
 
 
-def triton_kernels(sinkhorn_iters: int = 1) -> str:
-    """Which Triton kernels run: 'v1' or 'v2', from ``FAIRSEQ_DNAS_TRITON_KERNELS``
-    (``auto``, the default, is ``AUTO_KERNELS``). Sinkhorn iterations > 1
-    run 'v1' whatever is asked (only v1 has the extra normalization rounds).
-    A value other than auto, v1, v2 raises ValueError naming them."""
+def short_max(head_dim: int, dtype: torch.dtype, scheme: str = "dnas") -> int:
+    """The longest T_q, T_k of the one-tile kernels for this head size, dtype and scheme (``SHORT_MAX``)."""
+    return SHORT_MAX["float32" if dtype == torch.float32 else "half", 64 if head_dim <= 64 else 128, scheme]
+
+
+def short_mode() -> str:
+    """``FAIRSEQ_DNAS_TRITON_SHORT``: 'auto' (default: the one-tile kernels
+    for short inputs when v2 is selected), '1' (whatever the version) or '0'
+    (never); another value raises ValueError naming these."""
+    value = os.environ.get(SHORT_ENV, "auto") or "auto"
+    if value not in SHORT_MODES:
+        raise ValueError(f"${SHORT_ENV}={value!r} is not allowed; choose one of {', '.join(SHORT_MODES)} "
+                         "(auto: the one-tile kernels for T <= 128 when v2 is selected; 1: always there; 0: never)")
+    return value
+
+
+def triton_kernels(sinkhorn_iters: int = 1, tq: Optional[int] = None, tk: Optional[int] = None,
+                   head_dim: int = 64, dtype: torch.dtype = torch.float16, scheme: str = "dnas") -> str:
+    """Which Triton kernels run: 'v1', 'v2' or 'v2-short', from
+    ``FAIRSEQ_DNAS_TRITON_KERNELS`` (``auto``, the default, is
+    ``AUTO_KERNELS``) and ``FAIRSEQ_DNAS_TRITON_SHORT``. Sinkhorn iterations
+    > 1 run 'v1' whatever is asked (only v1 has the extra normalization
+    rounds). 'v2-short' (``triton_short.py``) where the call's lengths
+    ``tq``, ``tk`` are given, both at most ``short_max(head_dim, dtype, scheme)``,
+    and the short mode allows it ('auto': when the version is v2; '1':
+    always; '0': never). A value other than auto, v1, v2 raises ValueError
+    naming them (``short_mode`` likewise)."""
     value = os.environ.get(KERNELS_ENV, "auto") or "auto"
     if value not in KERNEL_VERSIONS:
         raise ValueError(f"${KERNELS_ENV}={value!r} is not a kernel version; choose one of "
                          f"{', '.join(KERNEL_VERSIONS)} (auto: {AUTO_KERNELS} until a GPU has timed v2)")
     version = AUTO_KERNELS if value == "auto" else value
-    return "v1" if sinkhorn_iters > 1 else version
+    mode = short_mode()
+    if sinkhorn_iters > 1:
+        return "v1"
+    if tq is not None and max(tq, tk) <= short_max(head_dim, dtype, scheme) and (
+            mode == "1" or (mode == "auto" and version == "v2")):
+        return "v2-short"
+    return version
+
+
+def short_kernels_selectable(sinkhorn_iters: int, head_dim: int, dtype: torch.dtype, scheme: str) -> bool:
+    """Whether some short call of this head size, dtype and scheme would run
+    'v2-short' (``triton_kernels``): ``python -m fairseq_dnas.check`` then
+    checks the one-tile kernels beside the long ones."""
+    return triton_kernels(sinkhorn_iters, 16, 16, head_dim, dtype, scheme) == "v2-short"
 
 
 def triton_module(sinkhorn_iters: int = 1, version: Optional[str] = None):
     """The module of the kernels ``version`` names, by default those
-    ``triton_kernels`` picks (imports triton): ``triton_flash`` or
-    ``triton_flash_v2``; both have ``triton_attention`` and ``dropout_mask``
-    (the same mask)."""
-    if (version or triton_kernels(sinkhorn_iters)) == "v2":
+    ``triton_kernels`` picks for an input of unknown length (imports triton):
+    ``triton_flash`` (v1), ``triton_flash_v2`` (v2) or ``triton_short``
+    (v2-short); each has ``triton_attention`` and ``dropout_mask`` (the same
+    mask)."""
+    version = version or triton_kernels(sinkhorn_iters)
+    if version == "v2-short":
+        from fairseq_dnas.attention import triton_short as module
+    elif version == "v2":
         from fairseq_dnas.attention import triton_flash_v2 as module
     else:
         from fairseq_dnas.attention import triton_flash as module
@@ -364,7 +424,7 @@ def _attend_triton_checked(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, n
     where they cannot compile or launch now (then off from here on)."""
     p = _triton_dropout_p(dropout)  # a caller's error, not the kernels': raised
     config = selfcheck.config_of(q, scheme, padding=pad is not None or qpad is not None, dropout=p > 0,
-                                 sinkhorn_iters=sinkhorn_iters, kernels=triton_kernels(sinkhorn_iters))
+                                 sinkhorn_iters=sinkhorn_iters, kernels=_call_kernels(q, k, sinkhorn_iters, scheme))
     if not selfcheck.triton_usable(config):
         return None
     try:
@@ -377,9 +437,14 @@ def _attend_triton_checked(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, n
         return None
 
 
+def _call_kernels(q: Tensor, k: Tensor, sinkhorn_iters: int, scheme: str) -> str:
+    """``triton_kernels`` for the lengths, head size, dtype and scheme of this call."""
+    return triton_kernels(sinkhorn_iters, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, scheme)
+
+
 def _attend_triton(q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters=1):
     p = _triton_dropout_p(dropout)
-    out = triton_module(sinkhorn_iters).triton_attention(  # imports triton: only when chosen
+    out = triton_module(sinkhorn_iters, _call_kernels(q, k, sinkhorn_iters, scheme)).triton_attention(  # imports
         q, k, v,
         hybrid_weight=hybrid_weight if scheme == "hnas" else None,
         key_padding_mask=pad,

@@ -49,7 +49,8 @@ CHECK_ENV = "FAIRSEQ_DNAS_TRITON_CHECK"
 CHECK_DEVICES = ("cuda",)
 DROPOUT_P = 0.25  # the drop probability of the check's dropout configurations
 CUDA_SIZES = dict(batch=2, heads=2, length=150)  # two 128-row tiles, the second ragged
-INTERPRETER_SIZES = dict(batch=2, heads=1, length=17)  # two 16-row tiles, the second ragged
+CUDA_SHORT_SIZES = dict(batch=2, heads=2, length=100)  # the one-tile kernels: a ragged 128 tile (50: 64)
+INTERPRETER_SIZES = dict(batch=2, heads=1, length=17)  # two 16-row tiles (one 32 tile for v2-short), ragged
 
 
 class TritonFallbackWarning(RuntimeWarning):
@@ -68,7 +69,7 @@ class Config:
     sinkhorn_iters: int
     padding: bool
     tf32: bool = False  # float32 products on TF32 tensor cores (torch's allow_tf32)
-    kernels: str = "v1"  # which Triton kernels (kernels.triton_kernels): v1 or v2
+    kernels: str = "v1"  # which Triton kernels (kernels.triton_kernels): v1, v2 or v2-short
 
     def describe(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
@@ -165,6 +166,20 @@ def reference(q, k, v, u, scheme, mask, sinkhorn_iters, keep=None, p=0.0):
     return probs @ vd, tuple(x for x in (qd, kd, vd, ud) if x is not None)
 
 
+def sizes(config: Config) -> Dict[str, int]:
+    """The check's input sizes for ``config``: tiny under the interpreter; on
+    CUDA two ragged tiles of the long kernels, or one ragged tile of the
+    one-tile kernels (v2-short, which take T <= 128)."""
+    if torch.device(config.device).type != "cuda":
+        return INTERPRETER_SIZES
+    if config.kernels != "v2-short":
+        return CUDA_SIZES
+    from fairseq_dnas.attention.kernels import short_max  # (kernels imports this module)
+
+    longest = short_max(config.head_dim, config.dtype, config.scheme)
+    return CUDA_SHORT_SIZES if longest >= CUDA_SHORT_SIZES["length"] else dict(CUDA_SHORT_SIZES, length=longest - 14)
+
+
 def _max_error(a: Tensor, b: Tensor) -> float:
     err = (a.double() - b.double()).abs().max()
     return float(err) if bool(torch.isfinite(a).all()) else math.inf
@@ -247,8 +262,7 @@ def triton_usable(config: Config) -> bool:
         return verdict == ""
     if not enabled() or torch.device(config.device).type not in CHECK_DEVICES or _busy():
         return True
-    sizes = CUDA_SIZES if torch.device(config.device).type == "cuda" else INTERPRETER_SIZES
-    result = compare(config, **sizes)
+    result = compare(config, **sizes(config))
     if result.ok:
         _verdicts[config] = ""
         return True
