@@ -172,11 +172,20 @@ def capture(case, args, sinkhorn_iters):
 
 
 def loop_body(sass: str):
-    """Instructions of the innermost loops that hold a matmul: spans from a
-    backward branch's target to the branch (a BRA to a lower address), the
-    smallest ones that contain a tensor-core instruction (HGMMA/HMMA), or,
-    where there is none, an FFMA (float32's exact products). Several such
-    loops (one after the other) are summed. None when the kernel has no loop."""
+    """Instructions of the innermost loops that hold a matmul, summed (several
+    loops one after the other); None when the kernel has no loop."""
+    loops = inner_loops(sass)
+    return sum(n for n, _ in loops) if loops else None
+
+
+def inner_loops(sass: str):
+    """(instructions, MUFU.EX2 instructions) of each innermost loop that holds
+    a matmul, in address order: spans from a backward branch's target to the
+    branch (a BRA to a lower address), the smallest ones that contain a
+    tensor-core instruction (HGMMA/HMMA), or, where there is none, an FFMA
+    (float32's exact products). MUFU.EX2 is the exponential (Hopper's SFU
+    issues 16 a cycle per SM against 128 FMAs): each counts once per
+    thread, so ex2 x threads / (BLOCK_M x BLOCK_N) is exponentials a score."""
     lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
     code = [(int(addr, 16), text.strip()) for addr, text in lines]
     spans = []
@@ -188,13 +197,14 @@ def loop_body(sass: str):
         hits = [a for a, t in code if re.search(pattern, t)]
         holding = [(lo, hi) for lo, hi in spans if any(lo <= a <= hi for a in hits)]
         inner = [s for s in holding if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in holding)]
-        if inner:
-            return sum((hi - lo) // 16 + 1 for lo, hi in inner)  # 16 bytes an instruction on sm_90
-    return None
+        if inner:  # 16 bytes an instruction on sm_90
+            return [((hi - lo) // 16 + 1, sum(1 for a, t in code if lo <= a <= hi and re.search(r"\bMUFU\.EX2\b", t)))
+                    for lo, hi in sorted(inner)]
+    return []
 
 
 def cubin_report(binary):
-    """(registers, stack bytes, matmul kind, loop-body instructions) of the
+    """(registers, stack bytes, matmul kind, ``inner_loops``) of the
     cubin Triton built, as the GPU would load it: cuobjdump
     --dump-resource-usage (register spills live on the stack) and the SASS
     ("wgmma" when every tensor-core instruction is HGMMA, "mma.sync" when
@@ -213,7 +223,7 @@ def cubin_report(binary):
         raise RuntimeError(f"cuobjdump failed: {res.stdout[-1000:]}{res.stderr[-1000:]}{sass.stderr[-1000:]}")
     wgmma, mma = len(re.findall(r"\bHGMMA", sass.stdout)), len(re.findall(r"\bHMMA", sass.stdout))
     kind = {(True, False): "wgmma", (False, True): "mma.sync", (True, True): "mixed"}.get((wgmma > 0, mma > 0), "-")
-    return int(usage.group(1)), int(usage.group(2)), kind, loop_body(sass.stdout)
+    return int(usage.group(1)), int(usage.group(2)), kind, inner_loops(sass.stdout)
 
 
 SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's C7515 advisory
@@ -302,8 +312,9 @@ KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "back
 def compare_table(before, after):
     """Markdown: each kernel variant (without Sinkhorn) of two --json runs side
     by side (e.g. --version v1 and v2): tile, registers, spills, instructions
-    a score in its loop (v1's column_lse is v2's column; a kernel one side
-    lacks shows '-')."""
+    a score in its loops (summed), and each loop's instructions and MUFU.EX2
+    a score (v1's column_lse is v2's column; a kernel one side lacks, or a
+    run before the per-loop figures, shows '-')."""
     def index(rows):
         out = {}
         for r in rows:
@@ -316,15 +327,18 @@ def compare_table(before, after):
 
     def cells(r):
         if r is None:
-            return "- | - | - | -"
+            return "- | - | - | - | -"
         score = f"{r['per_score']:.1f}" if r["per_score"] else "-"
         serial = " (wgmma serialized)" if r.get("serialized") else ""
-        return f"{r['tile']}/{r['warps']}w/{r['stages']}s {r['kind']} | {r['registers']} | {r['stack']} | {score}{serial}"
+        each = " + ".join(f"{n:.1f}/{e:.2f}" for n, e in r.get("loops_per_score", [])) or "-"
+        return (f"{r['tile']}/{r['warps']}w/{r['stages']}s {r['kind']} | {r['registers']} | {r['stack']} "
+                f"| {score}{serial} | {each}")
 
     old, new = index(before), index(after)
     keys = sorted(set(old) | set(new), key=lambda k: (k[0], KERNEL_ORDER.index(k[1]), k[2], k[3]))
     out = ["| case | kernel | scheme | dropout | before: tile | registers | spills (B) | instr./score "
-           "| after: tile | registers | spills (B) | instr./score |", "|" + " --- |" * 12]
+           "| each loop: instr./ex2 a score | after: tile | registers | spills (B) | instr./score "
+           "| each loop: instr./ex2 a score |", "|" + " --- |" * 14]
     for key in keys:
         out.append(f"| {key[0]} | {key[1]} | {key[2]} | {'0.1' if key[3] else '0'} | {cells(old.get(key))} "
                    f"| {cells(new.get(key))} |")
@@ -390,17 +404,24 @@ def main(argv=None):
                 rows.append(dict(case=label_case))
                 print(head, flush=True)
                 continue
-            regs, stack, kind, loop = cubin_report(binary)
+            regs, stack, kind, loops = cubin_report(binary)
+            loop = sum(n for n, _ in loops) or None
             by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
             score = by_name.get("BLOCK_M", 0) * by_name.get("BLOCK_N", 0)
             per_score = loop * 32 * options.num_warps / score if loop and score else None
+            # each loop alone: [instructions a score, exponentials a score]
+            each = [[n * 32 * options.num_warps / score, e * 32 * options.num_warps / score] if score else [n, e]
+                    for n, e in loops]
             rows.append(dict(case=label_case, kernel=name, tile=tile, warps=options.num_warps,
                              stages=options.num_stages, flags=flags, registers=regs, stack=stack,
                              shared=binary.metadata.shared, kind=kind, loop=loop, per_score=per_score,
-                             serialized=serialized))
+                             serialized=serialized, loops=[list(x) for x in loops], loops_per_score=each))
             kinds[kind] = kinds.get(kind, 0) + 1
             loop_text = f", loop {loop} instructions ({per_score:.2f} a score)" if per_score else (
                 f", loop {loop} instructions" if loop else "")
+            if loops:
+                loop_text += "; " + ", ".join(f"{n} instr. {e} ex2" for n, e in loops) + (
+                    " (each loop)" if len(loops) > 1 else "")
             print(f"{head}: {regs} registers, {stack} bytes of stack, {binary.metadata.shared} bytes shared, "
                   f"{kind}{loop_text}" + (", wgmma serialized by ptxas" if serialized else ""), flush=True)
     version = f"Triton {triton.__version__}"

@@ -71,7 +71,7 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (effective_drop
     effective_dropout_p, grid, needs_int64, on_device, tile_case)
 from fairseq_dnas.attention import triton_flash
 from fairseq_dnas.attention.triton_flash import (  # noqa: F401 (dropout_mask: the same mask as v1)
-    _backward_q_kernel, _forward_kernel, _key_block, backward_buffers, call_facts, _kv_mixture, _kv_store, _kv_tile, _output_buffer, dropout_mask)
+    _fixed_factor, _row_gap, _backward_q_kernel, _forward_kernel, _key_block, backward_buffers, call_facts, _kv_mixture, _kv_store, _kv_tile, _output_buffer, dropout_mask)
 
 
 # v2's tiles where they differ from v1's (``triton_common.GPU_TILES``, which a
@@ -180,6 +180,40 @@ def _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, s
 
 
 @triton.jit
+def _kv_loop(Q, QC, DO, RD, RU, ED, EU, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+             sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key, kappa,
+             HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             PU_FROM_PD: tl.constexpr, PU_GUARD: tl.constexpr):
+    """The key-major loop over the query blocks: (dv, dk, dc, du, tu) of one key
+    block (``_backward_kv_kernel``); PU_FROM_PD: pi_U = pi_D f_key 2^(r_d - r_u + kappa)."""
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (t + t_U)[i, j] qc_i
+    dc = tl.zeros([BLOCK_N], tl.float32)
+    du = tl.zeros([BLOCK_N], tl.float32)
+    tu = tl.zeros([BLOCK_N], tl.float32)
+    m_end = TQ
+    if DROPOUT:  # at least one pass (adds 0 for T_q = 0: r_d = inf): see _backward_q_kernel
+        m_end = tl.maximum(TQ, 1)
+    for start_m in range(0, m_end, BLOCK_M):
+        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+        real_q = r_d < float("inf")  # padded queries have r_d = +inf
+        do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+        e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        qc = tl.load(QC + (bh * TQ + offs_m[:, None]) * D + offs_d[None, :],
+                     mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D), other=0.0)
+        s2, p_d, g, byte, t = _kv_tile(k, v, q, do, c2, r_d, e_d, u_g, seed, t_pair, bh, offs_m, pid_n * BLOCK_N,
+                                       TK, BLOCK_N, DROPOUT, PRECISION, True)  # log2 units
+        dc -= tl.sum(t, 1)
+        t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s2, real_k, u, scale, g, t, tu, du, dv, do, byte,
+                                    t_pair, HYBRID, DROPOUT, PRECISION, True, r_d, f_key, kappa, PU_FROM_PD, PU_GUARD)
+        dk += tl.dot(t.to(qc.dtype), qc, input_precision=PRECISION)
+    return dv, dk, dc, du, tu
+
+
+@triton.jit
 def _backward_kv_kernel(
     Q, QC, K, V, C2, XC, MU, U, SEED, DO, OUT, OD, RD, RU, ED, EU, DK, DV, DC, DU, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
@@ -188,6 +222,7 @@ def _backward_kv_kernel(
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr,
     PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PU_FROM_PD: tl.constexpr = False, PU_GUARD: tl.constexpr = triton_flash.PU_GUARD,
 ):
     """dk, dv, dc and this block's share of dL/du for one key block; tiles
     held transposed, (keys, queries):
@@ -206,43 +241,36 @@ def _backward_kv_kernel(
     # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
     seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (t + t_U)[i, j] qc_i
-    dc = tl.zeros([BLOCK_N], tl.float32)
-    du = tl.zeros([BLOCK_N], tl.float32)
-    tu = tl.zeros([BLOCK_N], tl.float32)
     # E_D, E_U of every query, before the loop over them: computed inside that loop, their row sums
     # (laid out as the rows of dO) meet the score tiles' layout only through shared memory between the
     # matmuls, and ptxas then serializes every wgmma (23 instructions a score instead of 19, fp16:64).
     # Every key block writes the same bits (the same computation), so the buffer is exact whichever
     # program's store lands last; the barrier makes this program's own stores visible to its threads.
+    worst = NEG_INIT  # PU_FROM_PD: the largest r_d - r_u of a real query (the guard, with c2's kappa)
     for start_m in range(0, TQ, BLOCK_M):
         offs_m = _offsets(start_m, BLOCK_M, INT64)
-        real_q = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf")) < float("inf")
+        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+        real_q = r_d < float("inf")
+        if HYBRID and PU_FROM_PD:
+            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            worst = tl.maximum(worst, tl.max(tl.where(real_q, _row_gap(r_d, r_u, real_q), NEG_INIT), 0))
         _, e_d, e_u = _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, so_d,
                                  sdo_b, sdo_h, sdo_t, sdo_d, D, HYBRID)
         tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
         if HYBRID:
             tl.store(EU + bh * TQ + offs_m, e_u, mask=offs_m < TQ)
     tl.debug_barrier()
-    m_end = TQ
-    if DROPOUT:  # at least one pass (adds 0 for T_q = 0: r_d = inf): see _backward_q_kernel
-        m_end = tl.maximum(TQ, 1)
-    for start_m in range(0, m_end, BLOCK_M):
-        offs_m = _offsets(start_m, BLOCK_M, INT64)
-        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-        real_q = r_d < float("inf")  # padded queries have r_d = +inf
-        do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
-        e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
-        qc = tl.load(QC + (bh * TQ + offs_m[:, None]) * D + offs_d[None, :],
-                     mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D), other=0.0)
-        s2, p_d, g, byte, t = _kv_tile(k, v, q, do, c2, r_d, e_d, u_g, seed, t_pair, bh, offs_m, pid_n * BLOCK_N,
-                                       TK, BLOCK_N, DROPOUT, PRECISION, True)  # log2 units
-        dc -= tl.sum(t, 1)
-        t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s2, real_k, u, scale, g, t, tu, du, dv, do, byte,
-                                    t_pair, HYBRID, DROPOUT, PRECISION, True)
-        dk += tl.dot(t.to(qc.dtype), qc, input_precision=PRECISION)
+    f_key, kappa = _fixed_factor(c2, c2 < float("inf"))  # PU_FROM_PD: c2's factor, once per key block
+    loop = (Q, QC, DO, RD, RU, ED, EU, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+            sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key, kappa)
+    meta = (HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D)
+    if HYBRID and PU_FROM_PD:
+        if worst + kappa <= PU_GUARD:  # every tile's row factor in range: pi_U = pi_D times the factors
+            dv, dk, dc, du, tu = _kv_loop(*loop, *meta, True, PU_GUARD)
+        else:  # chosen once per program: no branch inside the loop (ptxas would serialize its wgmma)
+            dv, dk, dc, du, tu = _kv_loop(*loop, *meta, False, PU_GUARD)
+    else:
+        dv, dk, dc, du, tu = _kv_loop(*loop, *meta, False, PU_GUARD)
     x = tl.load(XC + (bh * TK + offs_n[:, None]) * D + offs_d[None, :],
                 mask=(offs_n[:, None] < TK) & (offs_d[None, :] < D), other=0.0)
     dk += dc[:, None] * x
@@ -256,6 +284,18 @@ def _backward_kv_kernel(
 # --------------------------------------------------------------------------
 # Launchers and autograd
 # --------------------------------------------------------------------------
+
+
+# HNAS's pi_U from pi_D (PU_FROM_PD, docs/math.md#hnas-pi_u-from-pi_d), per kernel: on where the compiler's
+# figures for sm_90 improve (docs/results/2026-11-26-sm90-compiler-hnas-pu.md). The forward's product costs
+# a key factor per tile and its guard, more instructions than the exponential it saves: off there.
+PU_FROM_PD = {"forward": False, "backward_kv": True, "backward_q": True}
+
+
+def pu_meta(kernel: str) -> dict:
+    """The PU_FROM_PD flag of ``kernel`` and the guard (``triton_flash.PU_GUARD``),
+    read at each call so that the tests can switch them."""
+    return dict(PU_FROM_PD=PU_FROM_PD[kernel], PU_GUARD=triton_flash.PU_GUARD)
 
 
 def _pad_ptr(pad: Optional[Tensor], like: Tensor) -> Tensor:
@@ -289,7 +329,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
             q, k, v, c2, u if hybrid else c2, seed if dropout else c2, out, o_d, r_d, r_u, qpad_arg,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, EXP2=True,
-            **meta,
+            **pu_meta("forward"), **meta,
         )
     return out, o_d, c2, xc, qc, mu, r_d, r_u
 
@@ -311,7 +351,8 @@ def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d,
             _pad_ptr(kpad, q),
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *_strides(dk), *_strides(dv),
             heads, tq, tk, d, threshold,
-            HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
+            HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages,
+            **pu_meta("backward_kv"), **flags,
         )
         bm, bn, warps, stages = _v2_tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](  # v1's, in log2 units, adding up du
@@ -319,7 +360,7 @@ def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, SINKHORN=False, EXP2=True,
-            SUM_DU=hybrid, KV_BLOCK_N=kv_n, **flags,
+            SUM_DU=hybrid, KV_BLOCK_N=kv_n, **pu_meta("backward_q"), **flags,
         )
     return dq, dk, dv, (du if hybrid else None)
 
