@@ -222,7 +222,8 @@ def _far_column_inputs():
 def pu_kernel(request, monkeypatch):
     """pi_U from pi_D in one kernel (whether v2 enables it there or not), the
     others direct: each kernel's product and guard tested on its own."""
-    monkeypatch.setattr(triton_flash_v2, "PU_FROM_PD", {k: k == request.param for k in triton_flash_v2.PU_FROM_PD})
+    monkeypatch.setattr(triton_flash_v2, "PU_FROM_PD", {k: True if k == request.param else set()
+                                                       for k in triton_flash_v2.PU_FROM_PD})
     return request.param
 
 

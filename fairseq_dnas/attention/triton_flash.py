@@ -371,13 +371,13 @@ def _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, start_n, T
 @triton.jit
 def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte, t_pair,
                 HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr,
-                r_d, f_key, kappa, PU_FROM_PD: tl.constexpr = False, PU_GUARD: tl.constexpr = PU_GUARD):
+                f_key, f_row, PU_FROM_PD: tl.constexpr = False):
     """HNAS's UNAS part added to t (its column sum to tu, dL/du's to du), and
     dv += (Z pi_H)^T dO (times scale at the end; pi_H = pi_D for DNAS).
-    PU_FROM_PD: pi_U = pi_D f_key 2^(r_d - r_u + kappa) (``_fixed_factor`` of c2)."""
+    PU_FROM_PD: pi_U = pi_D f_row f_key (``_unas_backward``)."""
     if HYBRID:
         t_u, du_j, p = _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2,
-                                      r_d, f_key, kappa, PU_FROM_PD, PU_GUARD)
+                                      f_key, f_row, PU_FROM_PD)
         tu += tl.sum(t_u, 1)
         t += t_u
         du += du_j
@@ -391,17 +391,18 @@ def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du
 
 @triton.jit
 def _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2: tl.constexpr,
-                   r_d, f_key, kappa, PU_FROM_PD: tl.constexpr, PU_GUARD: tl.constexpr):
+                   f_key, f_row, PU_FROM_PD: tl.constexpr):
     """HNAS's UNAS part of a key-major tile (keys, queries): t_U = pi_U ((1 - u) G - E_U),
     this tile's dL/du = sum_i G (pi_D - pi_U) (times scale at the end) and the mixture
     pi_H = u pi_D + (1 - u) pi_U. pi_U^T is 0 at padded keys (real_k) and queries (r_u = inf).
-    PU_FROM_PD (the program checked the guard): pi_U = pi_D f_key 2^(r_d - r_u + kappa)."""
-    r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+    PU_FROM_PD (the program checked the guard): pi_U = (pi_D f_row) f_key, f_row = 2^(r_d - r_u - gamma)
+    (0 at padded queries) and f_key = 2^(c2 + gamma) (0 at padded keys) precomputed
+    (docs/math.md#hnas-pi_u-from-pi_d)."""
+    if not PU_FROM_PD:
+        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
     e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    if PU_FROM_PD:  # f_key is 0 at padded keys, the row factor 0 at padded queries
-        real_q = r_d < float("inf")
-        f_row, _ = _moving_factor(_row_gap(r_d, r_u, real_q), real_q, kappa, PU_GUARD)
-        p_u = p_d * f_key[:, None] * f_row[None, :]
+    if PU_FROM_PD:
+        p_u = p_d * f_row[None, :] * f_key[:, None]
     else:
         p_u = tl.where(real_k[:, None], _exp(s_t - r_u[None, :], EXP2), 0.0)
     t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
@@ -471,7 +472,7 @@ def _backward_kv_kernel(
         qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)
         dk_x += tl.dot(xi.to(q.dtype), qc, input_precision=PRECISION)
         t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte,
-                                    t_pair, HYBRID, DROPOUT, PRECISION, False, r_d, 0.0, 0.0)
+                                    t_pair, HYBRID, DROPOUT, PRECISION, False, 0.0, 0.0)
         dk_t += tl.dot(t.to(q.dtype), qc, input_precision=PRECISION)
     # dk_j = sum_i ds[i, j] q_i, ds[i, j] = t[i, j] + xi[i, j] dc[j]: the sum over (q_i - mu),
     # plus mu times the column sum of ds, which only HNAS's UNAS part leaves
@@ -500,12 +501,12 @@ def _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, of
 
 @triton.jit
 def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m, offs_d,
-            sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, f_row, kappa,
+            sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row,
             HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EXP2: tl.constexpr,
-            PU_FROM_PD: tl.constexpr, PU_GUARD: tl.constexpr):
+            PU_FROM_PD: tl.constexpr):
     """The query-major loop over the key blocks: dq of one query block
-    (``_backward_q_kernel``); PU_FROM_PD: pi_U = pi_D f_row 2^(c2 + kappa)."""
+    (``_backward_q_kernel``); PU_FROM_PD: pi_U = (pi_D f_row[i]) FK[j]."""
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n_end = TK
     if DROPOUT:  # At least one pass (for T_k = 0 it adds 0: every key is past T_k, c = inf), so that
@@ -528,8 +529,8 @@ def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, 
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
         ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
-            if PU_FROM_PD:  # the key factor is 0 at padded keys, f_row 0 at padded queries
-                f_key, _ = _moving_factor(c, c < float("inf"), kappa, PU_GUARD)
+            if PU_FROM_PD:  # FK is 0 at padded keys, f_row 0 at padded queries
+                f_key = tl.load(FK + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
                 p_u = p_d * f_row[:, None] * f_key[None, :]
             else:
                 p_u = tl.where(c[None, :] < float("inf"), _exp(s - r_u[:, None], EXP2), 0.0)  # padded keys: 0
@@ -540,7 +541,7 @@ def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, 
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU, RF, FK, GAMMA,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
     B, H, TQ, TK, D, drop_threshold,
@@ -600,22 +601,27 @@ def _backward_q_kernel(
     else:
         scale = 1.0
     u_g = u * scale
-    f_row, kappa = _fixed_factor(_row_gap(r_d, r_u, real_q), real_q)  # PU_FROM_PD: the row factor, once
-    loop = (q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m, offs_d,
-            sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, f_row, kappa)
-    meta = (HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2)
-    if HYBRID and PU_FROM_PD:
-        worst = NEG_INIT  # the largest real c2 (a sweep of T_k floats): with kappa, the guard of every tile
+    f_row = 0.0
+    if HYBRID and PU_FROM_PD:  # pi_U = (pi_D RF[i]) FK[j], the factors of the key-major pass
+        worst = NEG_INIT  # the largest real c2 (a sweep of T_k floats): plus gamma, the guard of every tile
         for start_n in range(0, TK, BLOCK_N):
             c = tl.load(C + bh * TK + start_n + tl.arange(0, BLOCK_N), mask=start_n + tl.arange(0, BLOCK_N) < TK,
                         other=float("inf"))
             worst = tl.maximum(worst, tl.max(tl.where(c < float("inf"), c, NEG_INIT), 0))
-        if worst + kappa <= PU_GUARD:  # pi_U = pi_D times the factors in every tile
-            dq = _q_loop(*loop, *meta, True, PU_GUARD)
-        else:  # chosen once per program: no branch inside the loop (ptxas would serialize its wgmma)
-            dq = _q_loop(*loop, *meta, False, PU_GUARD)
+        f_row = tl.load(RF + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        # chosen once per program: a branch inside the loop makes ptxas serialize its wgmma
+        if worst + tl.load(GAMMA + bh) <= PU_GUARD:
+            dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
+                         offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
+                         PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, True)
+        else:
+            dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
+                         offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
+                         PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, False)
     else:
-        dq = _q_loop(*loop, *meta, False, PU_GUARD)
+        dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
+                     offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
+                     PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, False)
     _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
     if SUM_DU:
         if (pid_m == 0) & (b == 0):
@@ -754,7 +760,7 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
         )
         bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, dc, dc,
+            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, dc, dc, dc, dc, dc,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
