@@ -27,6 +27,10 @@ branch and its target, for the innermost loop that holds a matmul (the loop
 over key or query blocks; float32's exact products are FFMA, so there the
 innermost loop with an FFMA). Instructions per score element = loop-body
 instructions x threads / (BLOCK_M x BLOCK_N): the issue cost of one score.
+Where a kernel holds several such loops (HNAS's v2 backward kernels: a copy
+with pi_U from pi_D and one with the direct exponential, one of which a
+program runs; the v2 forward's redo loop), "loop" is the longest and each
+loop's instructions and MUFU.EX2 (exponentials) are listed too.
 Each variant is compiled afresh (Triton's cache bypassed) so that ptxas's log
 tells whether it serialized the wgmma instructions (advisory C7515: each then
 waits for the one before; "wgmma serialized by ptxas" on the variant's line).
@@ -40,6 +44,8 @@ instructions come from.
     python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64,bf16:64,fp16:128,bf16:128
                                                                # the v2 kernels (triton_flash_v2.py)
     python benchmarks/triton_spills.py --compare v1.json v2.json   # the before/after table of two --json runs
+    python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64 --pu-from-pd all
+                                                               # HNAS's pi_U from pi_D in every kernel
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
@@ -172,10 +178,10 @@ def capture(case, args, sinkhorn_iters):
 
 
 def loop_body(sass: str):
-    """Instructions of the innermost loops that hold a matmul, summed (several
-    loops one after the other); None when the kernel has no loop."""
+    """Instructions of the longest innermost loop that holds a matmul (the
+    report's "loop"); None when the kernel has no loop."""
     loops = inner_loops(sass)
-    return sum(n for n, _ in loops) if loops else None
+    return max(n for n, _ in loops) if loops else None
 
 
 def inner_loops(sass: str):
@@ -374,6 +380,9 @@ def main(argv=None):
                         "what a block may use on sm_86/sm_89 GPUs)")
     p.add_argument("--max-dropout-ratio", type=float, metavar="X",
                    help="exit 1 if a kernel's loop with dropout has more than X times its instructions without")
+    p.add_argument("--pu-from-pd", choices=("default", "all", "none"), default="default",
+                   help="v2's HNAS pi_U from pi_D (triton_flash_v2.PU_FROM_PD): where v2 enables it (default), "
+                        "in every kernel and case (all), or nowhere (none)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
                    help="only print the side-by-side table of two --json runs (e.g. --version v1 and v2)")
     args = p.parse_args(argv)
@@ -383,6 +392,9 @@ def main(argv=None):
         return 0
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
+    if args.pu_from_pd != "default":
+        on = True if args.pu_from_pd == "all" else set()
+        triton_flash_v2.PU_FROM_PD = {kernel: on for kernel in triton_flash_v2.PU_FROM_PD}
     args.tiles = dict(args.tiles)
     only = set(args.kernels.split(",")) if args.kernels else None
     where = dict(item.split("=") for item in args.where.split(",")) if args.where else {}
@@ -405,7 +417,9 @@ def main(argv=None):
                 print(head, flush=True)
                 continue
             regs, stack, kind, loops = cubin_report(binary)
-            loop = sum(n for n, _ in loops) or None
+            # the longest: HNAS's v2 backward kernels hold two copies of their loop and run one (PU_FROM_PD's
+            # guard), so a sum would count instructions no program runs; "loops" lists each
+            loop = max((n for n, _ in loops), default=None)
             by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
             score = by_name.get("BLOCK_M", 0) * by_name.get("BLOCK_N", 0)
             per_score = loop * 32 * options.num_warps / score if loop and score else None

@@ -554,8 +554,11 @@ def _backward_q_kernel(
     """dq_i = sum_j ds[i, j] k_j for one query block, with dc from the kv pass.
 
     The v2 kernels (``triton_flash_v2.py``) run it with EXP2 (c and r in log2
-    units, powers of 2) and SUM_DU (``_sum_du``: dL/du added up here from the
-    kv pass's per-key-block sums, instead of a torch sum).
+    units, powers of 2), SUM_DU (``_sum_du``: dL/du added up here from the
+    kv pass's per-key-block sums, instead of a torch sum) and, where v2 turns
+    it on, PU_FROM_PD: pi_U = (pi_D RF[i]) FK[j] with the factors the kv pass
+    wrote, when the largest real c2 plus GAMMA passes the guard (checked once,
+    before the loop; else the loop's copy with the direct exponential).
 
     ds is float32 and rounded to the input dtype only for the matmul. Bound
     (float16): with G_max = max |G| = max |dO_i . v_j| / (1 - p) (dO carries
