@@ -200,9 +200,9 @@ def _far_column_inputs():
     are 0), which puts J0's column normalizer 110 nats above the scores of
     query I0 (I0's score with J0 is 0: q[0] = 0). Then p_D[I0, J0] = e^-110
     r_d < 2^-149 is 0 in float32 while p_U[I0, J0] is about 1 / T, and
-    2^(c2 + r_d - r_u) is about 2^150, past float32: the tiles with (I0, J0)
-    must take p_U directly (a guard of 60). Exact products, so that float32
-    sees the same scores as float64."""
+    2^(c2 + r_d - r_u) is about 2^150, past float32: the programs that meet
+    (I0, J0) must take p_U directly (a guard of 60), the others may take the
+    product. Exact products, so that float32 sees the same scores as float64."""
     q, k, v, do, u = _inputs(F32, tq=20, tk=20, d=16, batch=2, heads=1, seed=5, mean=0.0)
     i0, i1, j0 = 9, 3, 5
     with torch.no_grad():
@@ -234,9 +234,9 @@ def _hnas(q, k, v, do, u, kmask, qmask):
 
 
 def test_pu_from_pd_fast_path_matches_float64(pu_kernel, monkeypatch):
-    """Ordinary scores: the kernel takes p_U = p_D times a key and a row
+    """Ordinary scores: the kernel takes p_U = p_D times a row and a key
     factor. Exact against float64 with padding (left, a one-token sentence),
-    and not the bits of the direct p_U (guard -inf: every tile direct), so
+    and not the bits of the direct p_U (guard -inf: every program direct), so
     the products ran."""
     q, k, v, do, u = _inputs(F32, tq=20, tk=20, d=16, batch=3, heads=1)
     kmask, qmask = _masks(left=True, tq=20, tk=20, batch=3)
@@ -246,7 +246,7 @@ def test_pu_from_pd_fast_path_matches_float64(pu_kernel, monkeypatch):
     direct = _hnas(q, k, v, do, u, kmask, qmask)
     for a, b in zip(product, direct):
         torch.testing.assert_close(a, b, atol=_grad_tol(b), rtol=0)
-    assert not all(torch.equal(a, b) for a, b in zip(product, direct)), "the guard sent every tile to the direct p_U"
+    assert not all(torch.equal(a, b) for a, b in zip(product, direct)), "the guard sent every program to the direct p_U"
 
 
 def test_pu_from_pd_fallback_matches_float64(pu_kernel, monkeypatch):
