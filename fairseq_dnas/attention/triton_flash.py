@@ -159,8 +159,9 @@ def _online_accumulate(l, acc, p, alpha, v, byte, t_pair, DROPOUT: tl.constexpr,
 
 
 # pi_U from pi_D (the v2 kernels, PU_FROM_PD; log2 units): pi_U[i, j] = pi_D[i, j] 2^(c2[j] + r_d2[i] - r_u2[i]),
-# split into a per-key and a per-row power of 2 with an offset kappa that keeps both in range. The product is
-# used for a whole tile when the larger factor is at most 2^PU_GUARD, else the tile computes pi_U directly;
+# split into a per-row and a per-key power of 2 with an offset that puts one of them in (0, 1]. The product
+# is used where the other is at most 2^PU_GUARD (checked once per backward program, before its loop; for
+# every key block in the forward, which else redoes its UNAS half directly), else pi_U is computed directly;
 # the proof that the product then loses less than 2^(PU_GUARD - 126) of a row's weight per element:
 # docs/math.md#hnas-pi_u-from-pi_d.
 PU_GUARD = 60.0  # log2 units

@@ -78,7 +78,8 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (effective_drop
     effective_dropout_p, grid, needs_int64, on_device, tile_case)
 from fairseq_dnas.attention import triton_flash
 from fairseq_dnas.attention.triton_flash import (  # noqa: F401 (dropout_mask: the same mask as v1)
-    _row_gap, _backward_q_kernel, _forward_kernel, _key_block, backward_buffers, call_facts, _kv_mixture, _kv_store, _kv_tile, _output_buffer, dropout_mask)
+    _backward_q_kernel, _forward_kernel, _key_block, _kv_mixture, _kv_store, _kv_tile, _output_buffer, _row_gap,
+    backward_buffers, call_facts, dropout_mask)
 
 
 # v2's tiles where they differ from v1's (``triton_common.GPU_TILES``, which a
@@ -231,7 +232,8 @@ def _backward_kv_kernel(
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr,
     PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PU_FACTORS: tl.constexpr = False, PU_FROM_PD: tl.constexpr = False, PU_GUARD: tl.constexpr = triton_flash.PU_GUARD,
+    PU_FACTORS: tl.constexpr = False, PU_FROM_PD: tl.constexpr = False,
+    PU_GUARD: tl.constexpr = triton_flash.PU_GUARD,
 ):
     """dk, dv, dc and this block's share of dL/du for one key block; tiles
     held transposed, (keys, queries):
@@ -241,7 +243,12 @@ def _backward_kv_kernel(
     (t_U = pi_U ((1 - u) G - E_U), HNAS), since ds = t + xi dc + t_U and
     sum_i xi[i, j] qc_i = X_j (column pass), sum_i (t + xi dc)[i, j] = 0.
     Every key block first computes E_D, E_U of all queries into ED, EU (the
-    q pass reads them too)."""
+    q pass reads them too). PU_FACTORS (HNAS): it also writes pi_U's factors,
+    RF[i] = 2^(r_d - r_u - gamma) (every key block the same bits), FK[j] =
+    2^(c2 + gamma) for its keys and GAMMA (gamma = the largest real
+    r_d - r_u, rounded up to an integer); PU_FROM_PD: its loop takes
+    pi_U = (pi_D RF[i]) FK[j] where the guard holds for its keys
+    (docs/math.md#hnas-pi_u-from-pi_d)."""
     pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c2 = _key_block(
         K, V, C2, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D, HAS_PAD, INT64, BLOCK_N, BLOCK_D)
     u = 1.0
@@ -278,8 +285,8 @@ def _backward_kv_kernel(
             r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
             r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
             real_q = r_d < float("inf")
-            tl.store(RF + bh * TQ + offs_m, tl.exp2(tl.where(real_q, _row_gap(r_d, r_u, real_q) - worst, float("-inf"))),
-                     mask=offs_m < TQ)
+            f_row = tl.exp2(tl.where(real_q, _row_gap(r_d, r_u, real_q) - worst, float("-inf")))  # <= 1; 0 padded
+            tl.store(RF + bh * TQ + offs_m, f_row, mask=offs_m < TQ)
         real_c = c2 < float("inf")
         top = tl.max(tl.where(real_c, c2, NEG_INIT), 0) + worst
         f_key = tl.exp2(tl.where(real_c, tl.minimum(c2 + worst, PU_GUARD), float("-inf")))  # 0 at padded keys
@@ -290,17 +297,20 @@ def _backward_kv_kernel(
     if HYBRID and PU_FROM_PD:  # (PU_FROM_PD implies PU_FACTORS)
         # chosen once per program: a branch inside the loop makes ptxas serialize its wgmma
         if top <= PU_GUARD:  # the guard (docs/math.md#hnas-pi_u-from-pi_d)
-            dv, dk, dc, du, tu = _kv_loop(Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h,
-                                          bh, pid_n, offs_d, sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D,
-                                          f_key, HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, True)
+            dv, dk, dc, du, tu = _kv_loop(
+                Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+                sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key,
+                HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, True)
         else:
-            dv, dk, dc, du, tu = _kv_loop(Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h,
-                                          bh, pid_n, offs_d, sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D,
-                                          f_key, HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, False)
+            dv, dk, dc, du, tu = _kv_loop(
+                Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+                sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key,
+                HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, False)
     else:
-        dv, dk, dc, du, tu = _kv_loop(Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h,
-                                      bh, pid_n, offs_d, sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D,
-                                      f_key, HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, False)
+        dv, dk, dc, du, tu = _kv_loop(
+            Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+            sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key,
+            HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, False)
     x = tl.load(XC + (bh * TK + offs_n[:, None]) * D + offs_d[None, :],
                 mask=(offs_n[:, None] < TK) & (offs_d[None, :] < D), other=0.0)
     dk += dc[:, None] * x
