@@ -27,6 +27,10 @@ branch and its target, for the innermost loop that holds a matmul (the loop
 over key or query blocks; float32's exact products are FFMA, so there the
 innermost loop with an FFMA). Instructions per score element = loop-body
 instructions x threads / (BLOCK_M x BLOCK_N): the issue cost of one score.
+Where a kernel holds several such loops (HNAS's v2 backward kernels: a copy
+with pi_U from pi_D and one with the direct exponential, one of which a
+program runs; the v2 forward's redo loop), "loop" is the longest and each
+loop's instructions and MUFU.EX2 (exponentials) are listed too.
 Each variant is compiled afresh (Triton's cache bypassed) so that ptxas's log
 tells whether it serialized the wgmma instructions (advisory C7515: each then
 waits for the one before; "wgmma serialized by ptxas" on the variant's line).
@@ -42,6 +46,8 @@ instructions come from.
                                                                # (triton_short.py), as kernels.py picks them
     python benchmarks/triton_spills.py --version v2 --short 0 --sinkhorn 1   # v2's long kernels (or --length 200)
     python benchmarks/triton_spills.py --compare v1.json v2.json   # the before/after table of two --json runs
+    python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64 --pu-from-pd all
+                                                               # HNAS's pi_U from pi_D in every kernel
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
@@ -191,12 +197,14 @@ def capture(case, args, sinkhorn_iters):
     return list(jit.jobs.values())
 
 
-def loop_body(sass: str):
-    """Instructions of the innermost loops that hold a matmul: spans from a
-    backward branch's target to the branch (a BRA to a lower address), the
-    smallest ones that contain a tensor-core instruction (HGMMA/HMMA), or,
-    where there is none, an FFMA (float32's exact products). Several such
-    loops (one after the other) are summed. None when the kernel has no loop."""
+def inner_loops(sass: str):
+    """(instructions, MUFU.EX2 instructions) of each innermost loop that holds
+    a matmul, in address order: spans from a backward branch's target to the
+    branch (a BRA to a lower address), the smallest ones that contain a
+    tensor-core instruction (HGMMA/HMMA), or, where there is none, an FFMA
+    (float32's exact products). MUFU.EX2 is the exponential (Hopper's SFU
+    issues 16 a cycle per SM against 128 FMAs): each counts once per
+    thread, so ex2 x threads / (BLOCK_M x BLOCK_N) is exponentials a score."""
     lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
     code = [(int(addr, 16), text.strip()) for addr, text in lines]
     spans = []
@@ -208,24 +216,26 @@ def loop_body(sass: str):
         hits = [a for a, t in code if re.search(pattern, t)]
         holding = [(lo, hi) for lo, hi in spans if any(lo <= a <= hi for a in hits)]
         inner = [s for s in holding if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in holding)]
-        if inner:
-            return sum((hi - lo) // 16 + 1 for lo, hi in inner)  # 16 bytes an instruction on sm_90
-    return None
+        if inner:  # 16 bytes an instruction on sm_90
+            return [((hi - lo) // 16 + 1, sum(1 for a, t in code if lo <= a <= hi and re.search(r"\bMUFU\.EX2\b", t)))
+                    for lo, hi in sorted(inner)]
+    return []
 
 
 def straight_length(sass: str):
-    """Instructions of a kernel without a loop (the one-tile kernels: every
-    instruction runs once a program), up to its last EXIT (the NOPs and the
-    branch-to-self after it are padding)."""
+    """[(instructions, MUFU.EX2 instructions)] of a kernel without a loop (the
+    one-tile kernels: every instruction runs once a program), up to its last
+    EXIT (the NOPs and the branch-to-self after it are padding)."""
     lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
     exits = [i for i, (_, text) in enumerate(lines) if re.search(r"\bEXIT\b", text)]
-    return exits[-1] + 1 if exits else len(lines)
+    end = exits[-1] + 1 if exits else len(lines)
+    return [(end, sum(1 for _, text in lines[:end] if re.search(r"\bMUFU\.EX2\b", text)))]
 
 
 def cubin_report(binary, straight=False):
-    """(registers, stack bytes, matmul kind, loop-body instructions) of the
-    cubin Triton built, as the GPU would load it (``straight``, a one-tile
-    kernel without a loop: ``straight_length``, all its instructions): cuobjdump
+    """(registers, stack bytes, matmul kind, ``inner_loops``) of the cubin
+    Triton built, as the GPU would load it (``straight``, a one-tile kernel
+    without a loop: ``straight_length``, all its instructions): cuobjdump
     --dump-resource-usage (register spills live on the stack) and the SASS
     ("wgmma" when every tensor-core instruction is HGMMA, "mma.sync" when
     every one is HMMA, "mixed", or "-" for none: a kernel without matmuls, or
@@ -243,8 +253,8 @@ def cubin_report(binary, straight=False):
         raise RuntimeError(f"cuobjdump failed: {res.stdout[-1000:]}{res.stderr[-1000:]}{sass.stderr[-1000:]}")
     wgmma, mma = len(re.findall(r"\bHGMMA", sass.stdout)), len(re.findall(r"\bHMMA", sass.stdout))
     kind = {(True, False): "wgmma", (False, True): "mma.sync", (True, True): "mixed"}.get((wgmma > 0, mma > 0), "-")
-    body = straight_length(sass.stdout) if straight else loop_body(sass.stdout)
-    return int(usage.group(1)), int(usage.group(2)), kind, body
+    loops = straight_length(sass.stdout) if straight else inner_loops(sass.stdout)
+    return int(usage.group(1)), int(usage.group(2)), kind, loops
 
 
 SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's C7515 advisory
@@ -334,8 +344,9 @@ KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "back
 def compare_table(before, after):
     """Markdown: each kernel variant (without Sinkhorn) of two --json runs side
     by side (e.g. --version v1 and v2): tile, registers, spills, instructions
-    a score in its loop (v1's column_lse is v2's column; a kernel one side
-    lacks shows '-')."""
+    a score in its loops (summed), and each loop's instructions and MUFU.EX2
+    a score (v1's column_lse is v2's column; a kernel one side lacks, or a
+    run before the per-loop figures, shows '-')."""
     def index(rows):
         out = {}
         for r in rows:
@@ -348,15 +359,18 @@ def compare_table(before, after):
 
     def cells(r):
         if r is None:
-            return "- | - | - | -"
+            return "- | - | - | - | -"
         score = f"{r['per_score']:.1f}" if r["per_score"] else "-"
         serial = " (wgmma serialized)" if r.get("serialized") else ""
-        return f"{r['tile']}/{r['warps']}w/{r['stages']}s {r['kind']} | {r['registers']} | {r['stack']} | {score}{serial}"
+        each = " + ".join(f"{n:.1f}/{e:.2f}" for n, e in r.get("loops_per_score", [])) or "-"
+        return (f"{r['tile']}/{r['warps']}w/{r['stages']}s {r['kind']} | {r['registers']} | {r['stack']} "
+                f"| {score}{serial} | {each}")
 
     old, new = index(before), index(after)
     keys = sorted(set(old) | set(new), key=lambda k: (k[0], KERNEL_ORDER.index(k[1]), k[2], k[3]))
     out = ["| case | kernel | scheme | dropout | before: tile | registers | spills (B) | instr./score "
-           "| after: tile | registers | spills (B) | instr./score |", "|" + " --- |" * 12]
+           "| each loop: instr./ex2 a score | after: tile | registers | spills (B) | instr./score "
+           "| each loop: instr./ex2 a score |", "|" + " --- |" * 14]
     for key in keys:
         out.append(f"| {key[0]} | {key[1]} | {key[2]} | {'0.1' if key[3] else '0'} | {cells(old.get(key))} "
                    f"| {cells(new.get(key))} |")
@@ -397,6 +411,9 @@ def main(argv=None):
                         "what a block may use on sm_86/sm_89 GPUs)")
     p.add_argument("--max-dropout-ratio", type=float, metavar="X",
                    help="exit 1 if a kernel's loop with dropout has more than X times its instructions without")
+    p.add_argument("--pu-from-pd", choices=("default", "all", "none"), default="default",
+                   help="v2's HNAS pi_U from pi_D (triton_flash_v2.PU_FROM_PD): where v2 enables it (default), "
+                        "in every kernel and case (all), or nowhere (none)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
                    help="only print the side-by-side table of two --json runs (e.g. --version v1 and v2)")
     args = p.parse_args(argv)
@@ -406,6 +423,9 @@ def main(argv=None):
         return 0
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
+    if args.pu_from_pd != "default":
+        on = True if args.pu_from_pd == "all" else set()
+        triton_flash_v2.PU_FROM_PD = {kernel: on for kernel in triton_flash_v2.PU_FROM_PD}
     args.tiles = dict(args.tiles)
     only = set(args.kernels.split(",")) if args.kernels else None
     where = dict(item.split("=") for item in args.where.split(",")) if args.where else {}
@@ -428,18 +448,27 @@ def main(argv=None):
                 print(head, flush=True)
                 continue
             straight = name.startswith("short_")  # the one-tile kernels (triton_short.py): no loop
-            regs, stack, kind, loop = cubin_report(binary, straight)
+            regs, stack, kind, loops = cubin_report(binary, straight)
+            # the longest: HNAS's v2 backward kernels hold two copies of their loop and run one (PU_FROM_PD's
+            # guard), so a sum would count instructions no program runs; "loops" lists each
+            loop = max((n for n, _ in loops), default=None)
             by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
             score = by_name.get("BLOCK_M", by_name.get("BLOCK", 0)) * by_name.get("BLOCK_N", by_name.get("BLOCK", 0))
             per_score = loop * 32 * options.num_warps / score if loop and score else None
+            # each loop alone: [instructions a score, exponentials a score]
+            each = [[n * 32 * options.num_warps / score, e * 32 * options.num_warps / score] if score else [n, e]
+                    for n, e in loops]
             rows.append(dict(case=label_case, kernel=name, tile=tile, warps=options.num_warps,
                              stages=options.num_stages, flags=flags, registers=regs, stack=stack,
                              shared=binary.metadata.shared, kind=kind, loop=loop, per_score=per_score,
-                             serialized=serialized))
+                             serialized=serialized, loops=[list(x) for x in loops], loops_per_score=each))
             kinds[kind] = kinds.get(kind, 0) + 1
             what = "kernel" if straight else "loop"
             loop_text = f", {what} {loop} instructions ({per_score:.2f} a score)" if per_score else (
                 f", loop {loop} instructions" if loop else "")
+            if loops:
+                loop_text += "; " + ", ".join(f"{n} instr. {e} ex2" for n, e in loops) + (
+                    " (each loop)" if len(loops) > 1 else "")
             print(f"{head}: {regs} registers, {stack} bytes of stack, {binary.metadata.shared} bytes shared, "
                   f"{kind}{loop_text}" + (", wgmma serialized by ptxas" if serialized else ""), flush=True)
     version = f"Triton {triton.__version__}"

@@ -10,6 +10,7 @@ same tests run the compiled kernels.
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -223,6 +224,81 @@ def test_v2_equals_v1_for_the_same_dropout_seed(scheme):
 def test_bitwise_repeatable(deterministic):
     """No atomics: there is no other variant to select."""
     check_bitwise_repeatable(triton_flash_v2, deterministic)
+
+
+# --- HNAS: pi_U from pi_D with a guarded exponent (docs/math.md#hnas-pi_u-from-pi_d) --------------------------
+
+
+def _far_column_inputs():
+    """HNAS inputs (float32, 2 sentences of 20, the second right-padded to 13)
+    where p_D underflows while p_U counts: query I1 = 11 e_0 meets key J0 =
+    10 e_0 with score 110 (every other key has k[0] = 0, so I1's other scores
+    are 0), which puts J0's column normalizer 110 nats above the scores of
+    query I0 (I0's score with J0 is 0: q[0] = 0). Then p_D[I0, J0] = e^-110
+    r_d < 2^-149 is 0 in float32 while p_U[I0, J0] is about 1 / T, and
+    2^(c2 + r_d - r_u) is about 2^150, past float32: the programs that meet
+    (I0, J0) must take p_U directly (a guard of 60), the others may take the
+    product. Exact products, so that float32 sees the same scores as float64."""
+    q, k, v, do, u = _inputs(F32, tq=20, tk=20, d=16, batch=2, heads=1, seed=5, mean=0.0)
+    i0, i1, j0 = 9, 3, 5
+    with torch.no_grad():
+        q.mul_(0.5)
+        k.mul_(0.5)
+        k[..., 0] = 0.0
+        k[:, :, j0] = 0.0
+        k[:, :, j0, 0] = 10.0
+        q[:, :, i1] = 0.0
+        q[:, :, i1, 0] = 11.0
+        q[:, :, i0, 0] = 0.0
+    kmask = padding_mask([20, 13], 20, False).to(DEVICE)
+    return (q, k, v, do, u), (kmask, kmask)
+
+
+@pytest.fixture(params=["forward", "backward_kv", "backward_q"])
+def pu_kernel(request, monkeypatch):
+    """pi_U from pi_D in one kernel (whether v2 enables it there or not), the
+    others direct: each kernel's product and guard tested on its own."""
+    monkeypatch.setattr(triton_flash_v2, "PU_FROM_PD", {k: True if k == request.param else set()
+                                                       for k in triton_flash_v2.PU_FROM_PD})
+    return request.param
+
+
+def _hnas(q, k, v, do, u, kmask, qmask):
+    """Output and (dq, dk, dv, du) of the v2 kernels."""
+    out = triton_flash_v2.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=kmask, query_padding_mask=qmask)
+    return tuple(x.detach() for x in (out, *torch.autograd.grad(out, (q, k, v, u), do)))
+
+
+def test_pu_from_pd_fast_path_matches_float64(pu_kernel, monkeypatch):
+    """Ordinary scores: the kernel takes p_U = p_D times a row and a key
+    factor. Exact against float64 with padding (left, a one-token sentence),
+    and not the bits of the direct p_U (guard -inf: every program direct), so
+    the products ran."""
+    q, k, v, do, u = _inputs(F32, tq=20, tk=20, d=16, batch=3, heads=1)
+    kmask, qmask = _masks(left=True, tq=20, tk=20, batch=3)
+    _check_against_float64(triton_flash_v2, q, k, v, do, u, "hnas", kmask, qmask)
+    product = _hnas(q, k, v, do, u, kmask, qmask)
+    monkeypatch.setattr(triton_flash, "PU_GUARD", float("-inf"))
+    direct = _hnas(q, k, v, do, u, kmask, qmask)
+    for a, b in zip(product, direct):
+        torch.testing.assert_close(a, b, atol=_grad_tol(b), rtol=0)
+    assert not all(torch.equal(a, b) for a, b in zip(product, direct)), "every program took the direct p_U"
+
+
+def test_pu_from_pd_fallback_matches_float64(pu_kernel, monkeypatch):
+    """p_D underflows where p_U is about 1 / T (``_far_column_inputs``): the
+    guarded kernel matches float64, forward and gradients, with padding; the
+    same kernel without the guard (PU_GUARD = inf: always the product) does
+    not, so the fallback ran."""
+    (q, k, v, do, u), (kmask, qmask) = _far_column_inputs()
+    _check_against_float64(triton_flash_v2, q, k, v, do, u, "hnas", kmask, qmask)
+    guarded = _hnas(q, k, v, do, u, kmask, qmask)
+    monkeypatch.setattr(triton_flash, "PU_GUARD", float("inf"))
+    with warnings.catch_warnings():  # the interpreter's numpy: 2^150 overflows, 0 * inf
+        warnings.simplefilter("ignore", RuntimeWarning)
+        unguarded = _hnas(q, k, v, do, u, kmask, qmask)
+    error = max(float((a - b).abs().nan_to_num(float("inf")).amax()) for a, b in zip(unguarded, guarded))
+    assert error > 1e-3, f"the unguarded product is within {error:.1e} of the guarded kernels"
 
 
 # --- launches per step ----------------------------------------------------------------------------------------

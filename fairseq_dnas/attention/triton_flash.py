@@ -137,16 +137,77 @@ def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, P
     """One key block of an online softmax (FlashAttention): running row max m,
     row sum l of exp(s - m) (dropout does not change the normalizer) and
     accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max
-    (EXP2: s in log2 units, powers of 2)."""
+    (EXP2: s in log2 units, powers of 2). Also returns the new max and the
+    block's exp(s - m_new) (HNAS's UNAS part follows from them: ``_forward_kernel``)."""
     m_new = tl.maximum(m, tl.max(s, 1))
     p = _exp(s - m_new[:, None], EXP2)
     alpha = _exp(m - m_new, EXP2)
+    l, acc = _online_accumulate(l, acc, p, alpha, v, byte, t_pair, DROPOUT, PRECISION)
+    return m_new, l, acc, p
+
+
+@triton.jit
+def _online_accumulate(l, acc, p, alpha, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """The sums of an online softmax step given the block's p = exp(s - m_new)
+    and alpha = exp(m - m_new): l alpha + sum_j p, acc alpha + (Z p) V."""
     l = l * alpha + tl.sum(p, 1)
     p = p.to(v.dtype)
     if DROPOUT:  # on the rounded p, where a pair of keys is one 32-bit register (_dropped)
         p = _dropped(p, byte, t_pair)
     acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-    return m_new, l, acc
+    return l, acc
+
+
+# pi_U from pi_D (the v2 kernels, PU_FROM_PD; log2 units): pi_U[i, j] = pi_D[i, j] 2^(c2[j] + r_d2[i] - r_u2[i]),
+# split into a per-row and a per-key power of 2 with an offset that puts one of them in (0, 1]. The product
+# is used where the other is at most 2^PU_GUARD (checked once per backward program, before its loop; for
+# every key block in the forward, which else redoes its UNAS half directly), else pi_U is computed directly;
+# the proof that the product then loses less than 2^(PU_GUARD - 126) of a row's weight per element:
+# docs/math.md#hnas-pi_u-from-pi_d.
+PU_GUARD = 60.0  # log2 units
+
+
+@triton.jit
+def _row_gap(r_d, r_u, real):
+    """r_d - r_u at real rows, 0 elsewhere (r = +inf at padded rows: never inf - inf)."""
+    return tl.where(real, r_d, 0.0) - tl.where(real, r_u, 0.0)
+
+
+@triton.jit
+def _fixed_factor(x, real):
+    """(2^(x - kappa), kappa) for kappa = max of x over the real entries: a
+    factor in (0, 1] at real entries (1 at the max), 0 elsewhere (x may be
+    +inf there). No real entry: kappa = NEG_INIT (all factors 0)."""
+    kappa = tl.max(tl.where(real, x, NEG_INIT), 0)
+    return tl.exp2(tl.where(real, x - kappa, float("-inf"))), kappa
+
+
+@triton.jit
+def _moving_factor(y, real, kappa, GUARD: tl.constexpr):
+    """(2^(y + kappa) at the real entries, 0 elsewhere; the max of y + kappa over
+    them): where that max is at most GUARD, pi_U = pi_D times the two factors."""
+    e = tl.where(real, y + kappa, NEG_INIT)
+    return tl.exp2(tl.minimum(e, GUARD)), tl.max(e, 0)  # (the clamp: no inf where the guard fails)
+
+
+@triton.jit
+def _forward_tile(q, K, V, C, b, h, bh, offs_m, start_n, offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+                  TK, D, seed, INT64: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+                  PRECISION: tl.constexpr, EXP2: tl.constexpr):
+    """What the forward reads and computes first for one key block: v, c
+    (+inf at padded keys and past T_k: s - c = -inf, weight 0), the scores
+    s = Q K^T (EXP2: in log2 units) and the dropout bytes (0 without)."""
+    offs_n = _offsets(start_n, BLOCK_N, INT64)
+    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+    c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
+    if EXP2:
+        s *= LOG2E
+    byte = 0
+    if DROPOUT:
+        byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
+    return v, c, s, byte
 
 
 @triton.jit
@@ -157,7 +218,7 @@ def _forward_kernel(
     H, TQ, TK, D, drop_threshold,
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
     INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EXP2: tl.constexpr = False,
+    EXP2: tl.constexpr = False, PU_FROM_PD: tl.constexpr = False, PU_GUARD: tl.constexpr = PU_GUARD,
 ):
     """out = pi V for one query block: DNAS (softmax with key bias -c), and for
     HNAS the UNAS softmax of the same scores in a second accumulator. OUT and
@@ -166,12 +227,16 @@ def _forward_kernel(
     weight (padded queries, no real key) get r = +inf, which zeroes their
     probabilities in the backward kernels without a mask either. EXP2 (the
     v2 kernels, ``triton_flash_v2.py``): c and the r written in log2 units,
-    scores scaled by log2 e once after their matmul, powers of 2."""
+    scores scaled by log2 e once after their matmul, powers of 2. PU_FROM_PD
+    (v2, with EXP2 and HYBRID): the UNAS block's probabilities from the DNAS
+    block's, 2^(s2 - m_u) = p_d 2^(c2 + m_d - m_u), a key factor and a row
+    factor instead of an exponential per score, guarded (``PU_GUARD``)."""
     pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
     offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
     real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
     q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    seed = 0
     t_pair = 0
     if DROPOUT:
         seed = tl.load(SEED)
@@ -183,24 +248,38 @@ def _forward_kernel(
         m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
         l_u = tl.zeros([BLOCK_M], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    worst = NEG_INIT  # PU_FROM_PD: the largest row-factor exponent over the tiles (the guard)
     for start_n in range(0, TK, BLOCK_N):
-        offs_n = _offsets(start_n, BLOCK_N, INT64)
-        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        # c = +inf at padded keys and past T_k: s - c = -inf, weight 0
-        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        if EXP2:
-            s *= LOG2E
-        byte = None
-        if DROPOUT:
-            byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
+        v, c, s, byte = _forward_tile(q, K, V, C, b, h, bh, offs_m, start_n, offs_d, sk_b, sk_h, sk_t, sk_d,
+                                      sv_b, sv_h, sv_t, sv_d, TK, D, seed, INT64, BLOCK_N, DROPOUT, PRECISION, EXP2)
         # DNAS: softmax of s - c (step 4 as a key bias).
-        m_d, l_d, acc_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT, PRECISION,
-                                               EXP2)
+        m_d, l_d, acc_d, p_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT,
+                                                    PRECISION, EXP2)
         if HYBRID:  # UNAS: softmax of the same scores (step 3), padded keys (c = inf) left out
             s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
-            m_u, l_u, acc_u = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION, EXP2)
+            if PU_FROM_PD:  # 2^(s2 - m_u) = p_d 2^(c2 - kappa) 2^(m_d - m_u + kappa), kappa = max real c2 here
+                m_u_new = tl.maximum(m_u, tl.max(s_u, 1))
+                f_key, kappa = _fixed_factor(c, c < float("inf"))
+                f_row, tile_worst = _moving_factor(_row_gap(m_d, m_u_new, real_q), real_q, kappa, PU_GUARD)
+                worst = tl.maximum(worst, tile_worst)
+                l_u, acc_u = _online_accumulate(l_u, acc_u, p_d * f_key[None, :] * f_row[:, None],
+                                                tl.exp2(m_u - m_u_new), v, byte, t_pair, DROPOUT, PRECISION)
+                m_u = m_u_new
+            else:
+                m_u, l_u, acc_u, _ = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION,
+                                                          EXP2)
+    if HYBRID and PU_FROM_PD:
+        if worst > PU_GUARD:  # a tile's factors out of range: the UNAS part again, directly (no branch in the loop)
+            m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
+            l_u = tl.zeros([BLOCK_M], tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            for start_n in range(0, TK, BLOCK_N):
+                v, c, s, byte = _forward_tile(q, K, V, C, b, h, bh, offs_m, start_n, offs_d, sk_b, sk_h, sk_t, sk_d,
+                                              sv_b, sv_h, sv_t, sv_d, TK, D, seed, INT64, BLOCK_N, DROPOUT, PRECISION,
+                                              EXP2)
+                s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
+                m_u, l_u, acc_u, _ = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION,
+                                                          EXP2)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     if DROPOUT:
@@ -292,11 +371,14 @@ def _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, start_n, T
 
 @triton.jit
 def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte, t_pair,
-                HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr):
+                HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr,
+                f_key, f_row, PU_FROM_PD: tl.constexpr = False):
     """HNAS's UNAS part added to t (its column sum to tu, dL/du's to du), and
-    dv += (Z pi_H)^T dO (times scale at the end; pi_H = pi_D for DNAS)."""
+    dv += (Z pi_H)^T dO (times scale at the end; pi_H = pi_D for DNAS).
+    PU_FROM_PD: pi_U = pi_D f_row f_key (``_unas_backward``)."""
     if HYBRID:
-        t_u, du_j, p = _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2)
+        t_u, du_j, p = _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2,
+                                      f_key, f_row, PU_FROM_PD)
         tu += tl.sum(t_u, 1)
         t += t_u
         du += du_j
@@ -309,13 +391,21 @@ def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du
 
 
 @triton.jit
-def _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2: tl.constexpr):
+def _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2: tl.constexpr,
+                   f_key, f_row, PU_FROM_PD: tl.constexpr):
     """HNAS's UNAS part of a key-major tile (keys, queries): t_U = pi_U ((1 - u) G - E_U),
     this tile's dL/du = sum_i G (pi_D - pi_U) (times scale at the end) and the mixture
-    pi_H = u pi_D + (1 - u) pi_U. pi_U^T is 0 at padded keys (real_k) and queries (r_u = inf)."""
-    r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+    pi_H = u pi_D + (1 - u) pi_U. pi_U^T is 0 at padded keys (real_k) and queries (r_u = inf).
+    PU_FROM_PD (the program checked the guard): pi_U = (pi_D f_row) f_key, f_row = 2^(r_d - r_u - gamma)
+    (0 at padded queries) and f_key = 2^(c2 + gamma) (0 at padded keys) precomputed
+    (docs/math.md#hnas-pi_u-from-pi_d)."""
+    if not PU_FROM_PD:
+        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
     e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    p_u = tl.where(real_k[:, None], _exp(s_t - r_u[None, :], EXP2), 0.0)
+    if PU_FROM_PD:
+        p_u = p_d * f_row[None, :] * f_key[:, None]
+    else:
+        p_u = tl.where(real_k[:, None], _exp(s_t - r_u[None, :], EXP2), 0.0)
     t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
     return t_u, tl.sum(g * (p_d - p_u), 1), u * p_d + (1.0 - u) * p_u
 
@@ -383,7 +473,7 @@ def _backward_kv_kernel(
         qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)
         dk_x += tl.dot(xi.to(q.dtype), qc, input_precision=PRECISION)
         t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte,
-                                    t_pair, HYBRID, DROPOUT, PRECISION, False)
+                                    t_pair, HYBRID, DROPOUT, PRECISION, False, 0.0, 0.0)
         dk_t += tl.dot(t.to(q.dtype), qc, input_precision=PRECISION)
     # dk_j = sum_i ds[i, j] q_i, ds[i, j] = t[i, j] + xi[i, j] dc[j]: the sum over (q_i - mu),
     # plus mu times the column sum of ds, which only HNAS's UNAS part leaves
@@ -411,8 +501,48 @@ def _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, of
 
 
 @triton.jit
+def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m, offs_d,
+            sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row,
+            HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EXP2: tl.constexpr,
+            PU_FROM_PD: tl.constexpr):
+    """The query-major loop over the key blocks: dq of one query block
+    (``_backward_q_kernel``); PU_FROM_PD: pi_U = (pi_D f_row[i]) FK[j]."""
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    n_end = TK
+    if DROPOUT:  # At least one pass (for T_k = 0 it adds 0: every key is past T_k, c = inf), so that
+        # LLVM drops the path that skips the loop: with dropout it zeroes dq's registers again on that
+        # path, and ptxas, finding them defined between a wgmma and its wait, serializes every wgmma
+        n_end = tl.maximum(TK, 1)
+    for start_n in range(0, n_end, BLOCK_N):
+        offs_n = _offsets(start_n, BLOCK_N, INT64)
+        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+        dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
+        if EXP2:
+            s *= LOG2E
+        p_d = _exp(s - c[None, :] - r_d[:, None], EXP2)  # 0 at padded keys (c = inf) and queries (r_d = inf)
+        g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
+        # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
+        ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
+        if HYBRID:
+            if PU_FROM_PD:  # FK is 0 at padded keys, f_row 0 at padded queries
+                f_key = tl.load(FK + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
+                p_u = p_d * f_row[:, None] * f_key[None, :]
+            else:
+                p_u = tl.where(c[None, :] < float("inf"), _exp(s - r_u[:, None], EXP2), 0.0)  # padded keys: 0
+            ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
 def _backward_q_kernel(
-    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU, RF, FK, GAMMA,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
     B, H, TQ, TK, D, drop_threshold,
@@ -420,12 +550,16 @@ def _backward_q_kernel(
     PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EXP2: tl.constexpr = False, SUM_DU: tl.constexpr = False, KV_BLOCK_N: tl.constexpr = 16,
+    PU_FROM_PD: tl.constexpr = False, PU_GUARD: tl.constexpr = PU_GUARD,
 ):
     """dq_i = sum_j ds[i, j] k_j for one query block, with dc from the kv pass.
 
     The v2 kernels (``triton_flash_v2.py``) run it with EXP2 (c and r in log2
-    units, powers of 2) and SUM_DU (``_sum_du``: dL/du added up here from the
-    kv pass's per-key-block sums, instead of a torch sum).
+    units, powers of 2), SUM_DU (``_sum_du``: dL/du added up here from the
+    kv pass's per-key-block sums, instead of a torch sum) and, where v2 turns
+    it on, PU_FROM_PD: pi_U = (pi_D RF[i]) FK[j] with the factors the kv pass
+    wrote, when the largest real c2 plus GAMMA passes the guard (checked once,
+    before the loop; else the loop's copy with the direct exponential).
 
     ds is float32 and rounded to the input dtype only for the matmul. Bound
     (float16): with G_max = max |G| = max |dO_i . v_j| / (1 - p) (dO carries
@@ -460,6 +594,9 @@ def _backward_q_kernel(
         e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
         u = 1.0
+        r_u = r_d
+        e_u = e_d
+    seed = 0
     t_pair = 0
     if DROPOUT:  # G = scale Z (dO V^T): the scale goes into u and 1 - u
         seed = tl.load(SEED)
@@ -468,31 +605,27 @@ def _backward_q_kernel(
     else:
         scale = 1.0
     u_g = u * scale
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    n_end = TK
-    if DROPOUT:  # At least one pass (for T_k = 0 it adds 0: every key is past T_k, c = inf), so that
-        # LLVM drops the path that skips the loop: with dropout it zeroes dq's registers again on that
-        # path, and ptxas, finding them defined between a wgmma and its wait, serializes every wgmma
-        n_end = tl.maximum(TK, 1)
-    for start_n in range(0, n_end, BLOCK_N):
-        offs_n = _offsets(start_n, BLOCK_N, INT64)
-        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
-        dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        if EXP2:
-            s *= LOG2E
-        p_d = _exp(s - c[None, :] - r_d[:, None], EXP2)  # 0 at padded keys (c = inf) and queries (r_d = inf)
-        g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        if DROPOUT:
-            g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
-        # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
-        ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
-        if HYBRID:
-            p_u = tl.where(c[None, :] < float("inf"), _exp(s - r_u[:, None], EXP2), 0.0)  # padded keys: 0
-            ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    f_row = 0.0
+    if HYBRID and PU_FROM_PD:  # pi_U = (pi_D RF[i]) FK[j], the factors of the key-major pass
+        worst = NEG_INIT  # the largest real c2 (a sweep of T_k floats): plus gamma, the guard of every tile
+        for start_n in range(0, TK, BLOCK_N):
+            c = tl.load(C + bh * TK + start_n + tl.arange(0, BLOCK_N), mask=start_n + tl.arange(0, BLOCK_N) < TK,
+                        other=float("inf"))
+            worst = tl.maximum(worst, tl.max(tl.where(c < float("inf"), c, NEG_INIT), 0))
+        f_row = tl.load(RF + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        # chosen once per program: a branch inside the loop makes ptxas serialize its wgmma
+        if worst + tl.load(GAMMA + bh) <= PU_GUARD:
+            dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
+                         offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
+                         PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, True)
+        else:
+            dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
+                         offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
+                         PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, False)
+    else:
+        dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
+                     offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
+                     PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, False)
     _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
     if SUM_DU:
         if (pid_m == 0) & (b == 0):
@@ -631,7 +764,7 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
         )
         bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, dc, dc,
+            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, dc, dc, dc, dc, dc,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,

@@ -40,6 +40,13 @@ What changes against v1 (issue 28):
   (half-precision products are exact in float32), so DNAS and HNAS see no
   rounding of qc and the UNAS half needs no key bias mu . k_j. (mu itself is
   float32; qc is rounded once, to the input dtype.)
+- HNAS's pi_U from pi_D (``PU_FROM_PD``, where the compiler's figures say
+  so): pi_U = pi_D 2^(r_d - r_u - gamma) 2^(c2 + gamma), a row and a key
+  factor that the kv pass writes (RF, FK, GAMMA) and both backward loops
+  load, instead of an exponential per score; a guard checked once per
+  program (``triton_flash.PU_GUARD``) sends the programs where pi_D may
+  underflow while pi_U counts to a copy of the loop with the direct
+  exponential (docs/math.md#hnas-pi_u-from-pi_d).
 - The exp2 domain: scores are scaled once by log2(e) (``LOG2E``) after
   their matmul and every normalizer (c2, r2) is kept in log2 units, so each
   probability is one ex2 (v1: a multiply and an ex2 inside tl.exp).
@@ -71,7 +78,8 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (effective_drop
     effective_dropout_p, grid, needs_int64, on_device, tile_case)
 from fairseq_dnas.attention import triton_flash
 from fairseq_dnas.attention.triton_flash import (  # noqa: F401 (dropout_mask: the same mask as v1)
-    _backward_q_kernel, _forward_kernel, _key_block, backward_buffers, call_facts, _kv_mixture, _kv_store, _kv_tile, _output_buffer, dropout_mask)
+    _backward_q_kernel, _forward_kernel, _key_block, _kv_mixture, _kv_store, _kv_tile, _output_buffer, _row_gap,
+    backward_buffers, call_facts, dropout_mask)
 
 
 # v2's tiles where they differ from v1's (``triton_common.GPU_TILES``, which a
@@ -188,51 +196,17 @@ def _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, s
 
 
 @triton.jit
-def _backward_kv_kernel(
-    Q, QC, K, V, C2, XC, MU, U, SEED, DO, OUT, OD, RD, RU, ED, EU, DK, DV, DC, DU, KPAD,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
-    sdo_b, sdo_h, sdo_t, sdo_d, so_b, so_h, so_t, so_d, sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d,
-    H, TQ, TK, D, drop_threshold,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr,
-    PRECISION: tl.constexpr, INT64: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """dk, dv, dc and this block's share of dL/du for one key block; tiles
-    held transposed, (keys, queries):
-        t[i, j]  = pi_D (u G - E_D)           dc[j] = -sum_i t[i, j]
-        dv_j     = sum_i Z' pi_H[i, j] dO_i
-        dk_j     = sum_i (t + t_U)[i, j] qc_i + dc[j] X_j + (sum_i t_U[i, j]) mu
-    (t_U = pi_U ((1 - u) G - E_U), HNAS), since ds = t + xi dc + t_U and
-    sum_i xi[i, j] qc_i = X_j (column pass), sum_i (t + xi dc)[i, j] = 0.
-    Every key block first computes E_D, E_U of all queries into ED, EU (the
-    q pass reads them too)."""
-    pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c2 = _key_block(
-        K, V, C2, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D, HAS_PAD, INT64, BLOCK_N, BLOCK_D)
-    u = 1.0
-    if HYBRID:
-        u = tl.load(U + h)
-    # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
-    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
-    u_g = u * scale
+def _kv_loop(Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+             sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key,
+             HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PU_FROM_PD: tl.constexpr):
+    """The key-major loop over the query blocks: (dv, dk, dc, du, tu) of one key
+    block (``_backward_kv_kernel``); PU_FROM_PD: pi_U = (pi_D RF[i]) f_key[j]."""
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (t + t_U)[i, j] qc_i
     dc = tl.zeros([BLOCK_N], tl.float32)
     du = tl.zeros([BLOCK_N], tl.float32)
     tu = tl.zeros([BLOCK_N], tl.float32)
-    # E_D, E_U of every query, before the loop over them: computed inside that loop, their row sums
-    # (laid out as the rows of dO) meet the score tiles' layout only through shared memory between the
-    # matmuls, and ptxas then serializes every wgmma (23 instructions a score instead of 19, fp16:64).
-    # Every key block writes the same bits (the same computation), so the buffer is exact whichever
-    # program's store lands last; the barrier makes this program's own stores visible to its threads.
-    for start_m in range(0, TQ, BLOCK_M):
-        offs_m = _offsets(start_m, BLOCK_M, INT64)
-        real_q = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf")) < float("inf")
-        _, e_d, e_u = _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, so_d,
-                                 sdo_b, sdo_h, sdo_t, sdo_d, D, HYBRID)
-        tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
-        if HYBRID:
-            tl.store(EU + bh * TQ + offs_m, e_u, mask=offs_m < TQ)
-    tl.debug_barrier()
     m_end = TQ
     if DROPOUT:  # at least one pass (adds 0 for T_q = 0: r_d = inf): see _backward_q_kernel
         m_end = tl.maximum(TQ, 1)
@@ -242,6 +216,9 @@ def _backward_kv_kernel(
         real_q = r_d < float("inf")  # padded queries have r_d = +inf
         do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
         e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        f_row = 0.0
+        if PU_FROM_PD:
+            f_row = tl.load(RF + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         qc = tl.load(QC + (bh * TQ + offs_m[:, None]) * D + offs_d[None, :],
                      mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D), other=0.0)
@@ -249,8 +226,99 @@ def _backward_kv_kernel(
                                        TK, BLOCK_N, DROPOUT, PRECISION, True)  # log2 units
         dc -= tl.sum(t, 1)
         t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s2, real_k, u, scale, g, t, tu, du, dv, do, byte,
-                                    t_pair, HYBRID, DROPOUT, PRECISION, True)
+                                    t_pair, HYBRID, DROPOUT, PRECISION, True, f_key, f_row, PU_FROM_PD)
         dk += tl.dot(t.to(qc.dtype), qc, input_precision=PRECISION)
+    return dv, dk, dc, du, tu
+
+
+@triton.jit
+def _backward_kv_kernel(
+    Q, QC, K, V, C2, XC, MU, U, SEED, DO, OUT, OD, RD, RU, ED, EU, RF, FK, GAMMA, DK, DV, DC, DU, KPAD,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d, so_b, so_h, so_t, so_d, sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d,
+    H, TQ, TK, D, drop_threshold,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr,
+    PRECISION: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PU_FACTORS: tl.constexpr = False, PU_FROM_PD: tl.constexpr = False,
+    PU_GUARD: tl.constexpr = triton_flash.PU_GUARD,
+):
+    """dk, dv, dc and this block's share of dL/du for one key block; tiles
+    held transposed, (keys, queries):
+        t[i, j]  = pi_D (u G - E_D)           dc[j] = -sum_i t[i, j]
+        dv_j     = sum_i Z' pi_H[i, j] dO_i
+        dk_j     = sum_i (t + t_U)[i, j] qc_i + dc[j] X_j + (sum_i t_U[i, j]) mu
+    (t_U = pi_U ((1 - u) G - E_U), HNAS), since ds = t + xi dc + t_U and
+    sum_i xi[i, j] qc_i = X_j (column pass), sum_i (t + xi dc)[i, j] = 0.
+    Every key block first computes E_D, E_U of all queries into ED, EU (the
+    q pass reads them too). PU_FACTORS (HNAS): it also writes pi_U's factors,
+    RF[i] = 2^(r_d - r_u - gamma) (every key block the same bits), FK[j] =
+    2^(c2 + gamma) for its keys and GAMMA (gamma = the largest real
+    r_d - r_u, rounded up to an integer); PU_FROM_PD: its loop takes
+    pi_U = (pi_D RF[i]) FK[j] where the guard holds for its keys
+    (docs/math.md#hnas-pi_u-from-pi_d)."""
+    pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c2 = _key_block(
+        K, V, C2, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TK, D, HAS_PAD, INT64, BLOCK_N, BLOCK_D)
+    u = 1.0
+    if HYBRID:
+        u = tl.load(U + h)
+    # G = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
+    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
+    u_g = u * scale
+    # E_D, E_U of every query, before the loop over them: computed inside that loop, their row sums
+    # (laid out as the rows of dO) meet the score tiles' layout only through shared memory between the
+    # matmuls, and ptxas then serializes every wgmma (23 instructions a score instead of 19, fp16:64).
+    # Every key block writes the same bits (the same computation), so the buffer is exact whichever
+    # program's store lands last; the barrier makes this program's own stores visible to its threads.
+    worst = NEG_INIT  # PU_FACTORS: gamma, the largest r_d - r_u of a real query
+    for start_m in range(0, TQ, BLOCK_M):
+        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+        real_q = r_d < float("inf")
+        if HYBRID and PU_FACTORS:
+            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            worst = tl.maximum(worst, tl.max(tl.where(real_q, _row_gap(r_d, r_u, real_q), NEG_INIT), 0))
+        _, e_d, e_u = _row_terms(OUT, OD, DO, u, b, h, offs_m, offs_d, real_q, so_b, so_h, so_t, so_d,
+                                 sdo_b, sdo_h, sdo_t, sdo_d, D, HYBRID)
+        tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
+        if HYBRID:
+            tl.store(EU + bh * TQ + offs_m, e_u, mask=offs_m < TQ)
+    f_key = 0.0
+    if HYBRID and PU_FACTORS:  # pi_U = pi_D 2^(r_d - r_u - gamma) 2^(c2 + gamma), both factors stored
+        # gamma: the largest real r_d - r_u rounded up to an integer, so that c2 + gamma and gap - gamma round
+        # less (exact within c2's binade): the factors' errors are shared by a column or a row, and add up in du
+        worst = tl.ceil(worst)
+        for start_m in range(0, TQ, BLOCK_M):  # every key block writes the same row factors (as ED, EU)
+            offs_m = _offsets(start_m, BLOCK_M, INT64)
+            r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            real_q = r_d < float("inf")
+            f_row = tl.exp2(tl.where(real_q, _row_gap(r_d, r_u, real_q) - worst, float("-inf")))  # <= 1; 0 padded
+            tl.store(RF + bh * TQ + offs_m, f_row, mask=offs_m < TQ)
+        real_c = c2 < float("inf")
+        top = tl.max(tl.where(real_c, c2, NEG_INIT), 0) + worst
+        f_key = tl.exp2(tl.where(real_c, tl.minimum(c2 + worst, PU_GUARD), float("-inf")))  # 0 at padded keys
+        tl.store(FK + bh * TK + offs_n, f_key, mask=offs_n < TK)  # for the query-major pass
+        if pid_n == 0:
+            tl.store(GAMMA + bh, worst)
+    tl.debug_barrier()
+    if HYBRID and PU_FROM_PD:  # (PU_FROM_PD implies PU_FACTORS)
+        # chosen once per program: a branch inside the loop makes ptxas serialize its wgmma
+        if top <= PU_GUARD:  # the guard (docs/math.md#hnas-pi_u-from-pi_d)
+            dv, dk, dc, du, tu = _kv_loop(
+                Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+                sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key,
+                HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, True)
+        else:
+            dv, dk, dc, du, tu = _kv_loop(
+                Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+                sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key,
+                HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, False)
+    else:
+        dv, dk, dc, du, tu = _kv_loop(
+            Q, QC, DO, RD, RU, ED, EU, RF, k, v, c2, real_k, u, u_g, scale, seed, t_pair, b, h, bh, pid_n, offs_d,
+            sq_b, sq_h, sq_t, sq_d, sdo_b, sdo_h, sdo_t, sdo_d, TQ, TK, D, f_key,
+            HYBRID, DROPOUT, PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, False)
     x = tl.load(XC + (bh * TK + offs_n[:, None]) * D + offs_d[None, :],
                 mask=(offs_n[:, None] < TK) & (offs_d[None, :] < D), other=0.0)
     dk += dc[:, None] * x
@@ -264,6 +332,34 @@ def _backward_kv_kernel(
 # --------------------------------------------------------------------------
 # Launchers and autograd
 # --------------------------------------------------------------------------
+
+
+# HNAS's pi_U from pi_D (PU_FROM_PD, docs/math.md#hnas-pi_u-from-pi_d): on for the (tile case, dropout)
+# pairs where the compiler's figures for sm_90 improve (docs/results/2026-11-26-sm90-compiler-hnas-pu.md), True
+# for every call (the tests). Forward: off (a key factor per tile, the guard's running maximum and the redo loop
+# cost more instructions than the exponential saves, with spills). Key-major: half precision head size 64 (half
+# the MUFU.EX2, 2-7% fewer instructions); at head size 128 it spills past the tile rule; float32 keeps the direct
+# exponential, whose rounding is not shared along a row or a column (the product's is: dL/du, a sum over
+# B T_q T_k terms, doubles its float32 error). Query-major: with dropout only (without, ptxas serializes its
+# wgmma in the kernel that holds both loops), head size 64 (at 128 it saves 1.5% and the kv pass that writes
+# the factors then spills past the tile rule).
+PU_FROM_PD = {
+    "forward": set(),
+    "backward_kv": {(("half", 64), False), (("half", 64), True)},
+    "backward_q": {(("half", 64), True)},
+}
+
+
+def pu_from_pd(kernel: str, d: int, dtype: torch.dtype, dropout: bool) -> bool:
+    """Whether ``kernel`` runs with PU_FROM_PD for this call (``PU_FROM_PD``)."""
+    on = PU_FROM_PD[kernel]
+    return on is True or (tile_case(d, dtype), dropout) in on
+
+
+def pu_meta(kernel: str, d: int, dtype: torch.dtype, dropout: bool) -> dict:
+    """The PU_FROM_PD flag of ``kernel`` for this call and the guard
+    (``triton_flash.PU_GUARD``), read at each call so that the tests can move them."""
+    return dict(PU_FROM_PD=pu_from_pd(kernel, d, dtype, dropout), PU_GUARD=triton_flash.PU_GUARD)
 
 
 def _pad_ptr(pad: Optional[Tensor], like: Tensor) -> Tensor:
@@ -297,7 +393,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
             q, k, v, c2, u if hybrid else c2, seed if dropout else c2, out, o_d, r_d, r_u, qpad_arg,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, EXP2=True,
-            **meta,
+            **pu_meta("forward", d, q.dtype, dropout), **meta,
         )
     return out, o_d, c2, xc, qc, mu, r_d, r_u
 
@@ -309,25 +405,32 @@ def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d,
     e_d, e_u, dc, du_part = backward_buffers(q, k, hybrid, kv_n)
     du = torch.empty((heads,), dtype=torch.float32, device=q.device) if hybrid else dc
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # PU_FROM_PD: the row and key factors of pi_U = pi_D RF[i] FK[j] and their offset GAMMA, written by the
+    # key-major pass, read by the query-major one
+    pu = hybrid and any(pu_from_pd(kernel, d, q.dtype, dropout) for kernel in ("backward_kv", "backward_q"))
+    rf, fk, gamma = (torch.empty(shape, dtype=torch.float32, device=q.device)
+                     for shape in ((bsz, heads, tq), (bsz, heads, tk), (bsz, heads))) if pu else (c2, c2, c2)
     u_arg = u if hybrid else c2
     seed_arg = seed if dropout else c2
     flags = dict(HYBRID=hybrid, DROPOUT=dropout, PRECISION=_precision(q.dtype),
                  INT64=needs_int64(q, k, v, do, out, dq, dk, dv, xc), BLOCK_D=_block_d(d))
     with on_device(q):
         _backward_kv_kernel[grid(tk, kv_n, bsz, heads)](
-            q, qc, k, v, c2, xc, mu, u_arg, seed_arg, do, out, o_d, r_d, r_u, e_d, e_u, dk, dv, dc, du_part,
+            q, qc, k, v, c2, xc, mu, u_arg, seed_arg, do, out, o_d, r_d, r_u, e_d, e_u, rf, fk, gamma, dk, dv, dc,
+            du_part,
             _pad_ptr(kpad, q),
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *_strides(dk), *_strides(dv),
             heads, tq, tk, d, threshold,
-            HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
+            HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages,
+            PU_FACTORS=pu, **pu_meta("backward_kv", d, q.dtype, dropout), **flags,
         )
         bm, bn, warps, stages = _v2_tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](  # v1's, in log2 units, adding up du
-            q, k, v, c2, c2, u_arg, seed_arg, do, r_d, r_u, e_d, e_u, dc, dq, du_part, du,
+            q, k, v, c2, c2, u_arg, seed_arg, do, r_d, r_u, e_d, e_u, dc, dq, du_part, du, rf, fk, gamma,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, SINKHORN=False, EXP2=True,
-            SUM_DU=hybrid, KV_BLOCK_N=kv_n, **flags,
+            SUM_DU=hybrid, KV_BLOCK_N=kv_n, **pu_meta("backward_q", d, q.dtype, dropout), **flags,
         )
     return dq, dk, dv, (du if hybrid else None)
 
