@@ -145,3 +145,22 @@ def test_quick_kernels_section_times_v1_v2_v2_short_and_sdpa(tmp_path):
     md = subprocess.run([sys.executable, SCRIPT, "--render", str(out)], cwd=ROOT, capture_output=True, text=True,
                         timeout=120)
     assert md.returncode == 0 and "| 32 | 0.1 | hnas v2-short |" in md.stdout, md.stdout + md.stderr[-2000:]
+
+
+GPU_MEASURE = os.path.join(ROOT, "benchmarks", "gpu_measure.sh")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+@pytest.mark.parametrize("steps,status,message", [
+    ("part4", 2, "unknown step 'part4'"),              # a typo names the parts and steps
+    ("part1,part2,part3", 1, "torch sees no CUDA device"),  # every part needs a GPU, and says so
+])
+def test_gpu_measure_names_its_parts_and_refuses_without_a_gpu(tmp_path, steps, status, message):
+    """benchmarks/gpu_measure.sh: the three parts (one 10-minute command each on a
+    lent machine) are known step names; without CUDA it stops before writing anything."""
+    out = tmp_path / "gpu-results"
+    proc = subprocess.run(["bash", GPU_MEASURE], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, STEPS=steps, OUT_DIR=str(out), PYTHON=sys.executable))
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert not out.exists()
