@@ -37,7 +37,8 @@ OPS = {
     "dnas v1": (11, 4),   # triton_flash: column (1) + forward (2) + kv (5) + q (3)
     "hnas v1": (12, 7),   # + P_U V in the forward, P_U recomputed in both backward passes
     "dnas v2": (11, 4),   # triton_flash_v2: column (2: + X_j) + forward (2) + kv (4) + q (3)
-    "hnas v2": (12, 7),
+    "hnas v2": (12, 6),   # the key-major pass takes pi_U from pi_D at fp16:64 (PU_FROM_PD; with dropout
+                          # the query-major pass too: 5 exponentials)
     "dnas v2-short": (8, 3),  # triton_short: K Q^T, S, PV | S, dO V^T, dq, dk, dv; exps: column, row | pi_D
     "hnas v2-short": (8, 5),  # the mixture before its one PV; exps: + pi_U forward and backward
 }
