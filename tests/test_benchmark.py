@@ -164,3 +164,27 @@ def test_gpu_measure_names_its_parts_and_refuses_without_a_gpu(tmp_path, steps, 
     assert proc.returncode == status, proc.stdout + proc.stderr
     assert message in proc.stderr
     assert not out.exists()
+
+
+def test_gpu_targets_read_the_kernels_alone_at_1024_positions():
+    """bench_report's GPU targets (issue 28): the kernels-alone rows at T 1024,
+    dropout 0, each version against its limit; SDPA rows, other lengths and
+    CPU rows without kernel times are left out."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_report
+
+    def row(case, length=1024, dropout=0.0, kernel=1.0, wall=1.0):
+        return dict(case=case, length=length, dropout=dropout, kernel_ratio=kernel, wall_ratio=wall)
+
+    res = {"settings": {"device": "cuda"}, "kernels": [
+        row("sdpa"), row("dnas v1", kernel=3.5, wall=6.75), row("dnas v2", kernel=1.9, wall=2.4),
+        row("hnas v2", kernel=2.7, wall=2.9), row("dnas v2", length=512, kernel=9.0),
+        row("dnas v2", dropout=0.1, kernel=9.0), row("hnas v1", kernel=None, wall=5.0)]}
+    got = {(t["target"], t["where"].split()[0]): (t["measured"], t["met"])
+           for t in bench_report.target_report(res, long_lengths=())}
+    assert got == {
+        ("kernels_dnas_kernel_time", "v1"): (3.5, False), ("kernels_dnas_wall_time", "v1"): (6.75, False),
+        ("kernels_dnas_kernel_time", "v2"): (1.9, True), ("kernels_dnas_wall_time", "v2"): (2.4, True),
+        ("kernels_hnas_kernel_time", "v2"): (2.7, False), ("kernels_hnas_wall_time", "v2"): (2.9, True),
+        ("kernels_hnas_wall_time", "v1"): (5.0, False),
+    }
