@@ -34,6 +34,7 @@ TESTS="${TESTS:-tests/test_triton.py tests/test_triton_v2.py tests/test_triton_s
 TESTS_V2="${TESTS_V2:-tests/test_triton_v2.py tests/test_triton_short.py}"
 TILE_CASES="${TILE_CASES:-fp16:64}"          # step tiles: cases benchmarks/triton_tiles.py times
 TILE_CASES_PART3="${TILE_CASES_PART3:-fp16:128}" # part3's tiles: head size 128, never timed
+TILE_VERSION="${TILE_VERSION:-v1}"           # step tiles: which kernels' tiles (v2: the file's "tiles_v2")
 MASK_REFERENCE="${MASK_REFERENCE:-}"         # step mask: the interpreter's masks (gpu_dropout_mask.py --interpreter); empty: computed there
 TRAIN_DATA="${TRAIN_DATA:-data/gigaword/bin}" # step train: examples/gigaword/prepare.sh's OUT_DIR/bin
 ARCHS="${ARCHS:-transformer transformer_dnas transformer_hnas}" # step train
@@ -78,8 +79,8 @@ if has_step tests-v2; then
   "$PYTHON" -m pytest -q -p no:cacheprovider $TESTS_V2 2>&1 | tee "$OUT_DIR/pytest-gpu-v2.log"
 fi
 if has_step tiles; then
-  echo "[gpu_measure] tile timings: $TILE_CASES"
-  "$PYTHON" benchmarks/triton_tiles.py --cases "$TILE_CASES" --json "$OUT_DIR/tiles.json" 2>&1 \
+  echo "[gpu_measure] tile timings: $TILE_CASES, $TILE_VERSION kernels"
+  "$PYTHON" benchmarks/triton_tiles.py --cases "$TILE_CASES" --version "$TILE_VERSION" --json "$OUT_DIR/tiles.json" 2>&1 \
     | tee "$OUT_DIR/tiles.log"
 fi
 if has_step benchmark; then

@@ -134,6 +134,28 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path, ker
     assert got["forward"] == list(triton_flash.GPU_TILES["float32", 64]["forward"])  # not tuned: unchanged
 
 
+def test_tuner_times_the_v2_kernels_into_their_own_section(tmp_path):
+    """--version v2: the v2 kernels' tiles are tuned and written under
+    "tiles_v2", which the v2 kernels read (over their built-in
+    V2_GPU_TILES) and v1's never do."""
+    res, out = _tune(tmp_path, "--version", "v2", "--kernels", "backward_kv")
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["tiles"] == {} and set(data["tiles_v2"]) == {"float32:64"}
+    tile = data["tiles_v2"]["float32:64"]["backward_kv"]
+    tiles_step, _ = data["measured"]["fp32:32"]["backward_kv"]["steps"]
+    assert len(tiles_step["median_seconds"]) == 4  # DNAS/HNAS x dropout 0/0.1, the v2 kernels run each
+    assert "REJECTED" not in res.stderr and "skipped" not in res.stderr
+    probe = ("from fairseq_dnas.attention import triton_flash as F, triton_flash_v2 as V2; import json; "
+             "print(json.dumps([list(V2.V2_GPU_TILES['float32', 64]['backward_kv']), "
+             "list(F.GPU_TILES['float32', 64]['backward_kv'])]))")
+    res = _run(["-c", probe], env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(out)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    v2_tile, v1_tile = json.loads(res.stdout)
+    assert v2_tile == tile
+    assert v1_tile == list(triton_flash.GPU_TILES["float32", 64]["backward_kv"])  # v1 untouched
+
+
 def _tuner():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
@@ -175,6 +197,9 @@ def test_tuner_refuses_bad_arguments(tmp_path):
     assert not out.exists()
     res = _run(["benchmarks/triton_tiles.py", "--cases", "fp16:48", "--json", str(out)])
     assert res.returncode == 2 and "head size 32, 64 or 128" in res.stderr
+    res, out = _tune(tmp_path, "--version", "v2", "--sinkhorn", "3")
+    assert res.returncode == 2 and "leave it out with --version v2" in res.stderr
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("content, message", [
@@ -185,12 +210,15 @@ def test_tuner_refuses_bad_arguments(tmp_path):
     ('{"tiles": {"half:64": {"forward": [64, 48, 4]}}}', "blocks powers of two >= 16"),
     ('{"tiles": {"half:64": {"forward": [64, 32, 3]}}}', "warps 1, 2, 4, 8 or 16"),
     ('{"tiles": {"half:64": {"forward": [64, 32, 4, 7]}}}', "stages 1 to 6"),
+    ('{"tiles": {}, "tiles_v2": {"half:64": {"forward": [64, 48, 4]}}}', "blocks powers of two >= 16"),
+    ('{"tiles": {}, "tiles_v2": [1]}', '"tiles_v2" must be an object'),
 ])
 def test_a_bad_tiles_file_says_what_to_fix(tmp_path, content, message):
     path = tmp_path / "tiles.json"
     path.write_text(content)
+    section = "tiles_v2" if "tiles_v2" in content else "tiles"  # what the v2 kernels read
     with pytest.raises(ValueError, match="benchmarks/triton_tiles.py") as err:
-        triton_flash.read_tiles(str(path))
+        triton_flash.read_tiles(str(path), section)
     assert message in str(err.value) and str(path) in str(err.value)
 
 

@@ -97,10 +97,12 @@ STAGES = 2
 TILES_ENV = "FAIRSEQ_DNAS_TRITON_TILES"
 
 
-def read_tiles(path: str) -> dict:
+def read_tiles(path: str, section: str = "tiles") -> dict:
     """Tiles from a JSON file (what benchmarks/triton_tiles.py writes):
     {"tiles": {"half:64": {"forward": [128, 64, 8, 3], ...}, "float32:128": ...}}
-    (the fourth number, pipeline stages, may be left out: STAGES).
+    (the fourth number, pipeline stages, may be left out: STAGES); the v2
+    kernels' own tiles (``triton_flash_v2.V2_GPU_TILES``) under "tiles_v2",
+    the same form (``section``; a file without it names none).
     Returns {(kind, head size): {kernel: (BLOCK_M, BLOCK_N, warps[, stages])}} with
     only the entries the file names; raises ValueError saying what to fix."""
     import json
@@ -116,8 +118,10 @@ def read_tiles(path: str) -> dict:
         raise bad(f"cannot read it as JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("tiles"), dict):
         raise bad('expected an object with a "tiles" object')
+    if not isinstance(data.get(section, {}), dict):
+        raise bad(f'"{section}" must be an object like "tiles"')
     table = {}
-    for key, entry in data["tiles"].items():
+    for key, entry in data.get(section, {}).items():
         kind, _, head = key.partition(":")
         if (kind, int(head) if head.isdigit() else head) not in GPU_TILES:
             raise bad(f"unknown case {key!r} (known: {', '.join(f'{k}:{d}' for k, d in GPU_TILES)})")

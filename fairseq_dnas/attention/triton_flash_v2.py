@@ -65,6 +65,7 @@ Passes (one program per block; grid and offsets as v1, ``triton_common``):
        SUM_DU (the first query block of batch 0 adds up du for its head).
 """
 
+import os
 from typing import Optional
 
 import torch
@@ -73,9 +74,9 @@ import triton.language as tl
 from torch import Tensor
 
 from fairseq_dnas.attention.triton_common import (  # noqa: F401 (effective_dropout_p: the tests read it here)
-    INTERPRETED, LOG2E, NEG_INIT, STAGES, _block_d, _dropout_setup, _load_tile, _offsets,
+    INTERPRETED, LOG2E, NEG_INIT, STAGES, TILES_ENV, _block_d, _dropout_setup, _load_tile, _offsets,
     _precision, _program, _real, _strides, _tiles,
-    effective_dropout_p, grid, needs_int64, on_device, tile_case)
+    effective_dropout_p, grid, needs_int64, on_device, read_tiles, tile_case)
 from fairseq_dnas.attention import triton_flash
 from fairseq_dnas.attention.triton_flash import (  # noqa: F401 (dropout_mask: the same mask as v1)
     _backward_q_kernel, _forward_kernel, _key_block, _kv_mixture, _kv_store, _kv_tile, _output_buffer, _row_gap,
@@ -102,6 +103,9 @@ V2_GPU_TILES = {
     ("half", 64): dict(backward_kv=(32, 128, 8, 1)),
     ("half", 128): dict(forward=(64, 64, 4, 1), backward_kv=(32, 128, 8, 1), backward_q=(128, 32, 8, 1)),
 }
+if os.environ.get(TILES_ENV):  # a file's "tiles_v2" (benchmarks/triton_tiles.py --version v2) replaces these
+    for _case, _entry in read_tiles(os.environ[TILES_ENV], "tiles_v2").items():
+        V2_GPU_TILES.setdefault(_case, {}).update(_entry)
 
 
 def _v2_tiles(kernel: str, d: int, dtype: torch.dtype):
