@@ -157,7 +157,7 @@ def speed_and_memory(device: torch.device, dtype: torch.dtype, *, batch: int, he
     ``FAIRSEQ_DNAS_TRITON_KERNELS`` selects (``kernels.triton_kernels``)."""
     from fairseq_dnas.attention.kernels import triton_module
 
-    triton_flash = triton_module()
+    module = triton_module()  # the kernels FAIRSEQ_DNAS_TRITON_KERNELS selects
 
     g = torch.Generator().manual_seed(0)
     shape = (batch, heads, length, head_dim)
@@ -166,8 +166,8 @@ def speed_and_memory(device: torch.device, dtype: torch.dtype, *, batch: int, he
     u = torch.full((heads,), 0.5, device=device, requires_grad=True)
     runs = {
         "torch SDPA": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
-        "DNAS": lambda: triton_flash.triton_attention(q, k, v),
-        "HNAS": lambda: triton_flash.triton_attention(q, k, v, hybrid_weight=u),
+        "DNAS": lambda: module.triton_attention(q, k, v),
+        "HNAS": lambda: module.triton_attention(q, k, v, hybrid_weight=u),
     }
     out = {}
     for name, forward in runs.items():

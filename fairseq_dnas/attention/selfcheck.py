@@ -197,18 +197,18 @@ def compare(config: Config, *, batch: int, heads: int, length: int) -> Result:
         try:
             from fairseq_dnas.attention.kernels import triton_module
 
-            triton_flash = triton_module(config.sinkhorn_iters, config.kernels)
+            module = triton_module(config.sinkhorn_iters, config.kernels)  # the kernels this configuration runs
             q, k, v = (x.to(device, config.dtype).requires_grad_() for x in (q64, k64, v64))
             u = None if u64 is None else u64.to(device, torch.float32).requires_grad_()
             mask = None if mask64 is None else mask64.to(device)
             seed = torch.tensor([20201], dtype=torch.int64, device=device)
-            out = triton_flash.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
-                                                query_padding_mask=mask, dropout_p=p, seed=seed,
-                                                sinkhorn_iters=config.sinkhorn_iters)
+            out = module.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
+                                          query_padding_mask=mask, dropout_p=p, seed=seed,
+                                          sinkhorn_iters=config.sinkhorn_iters)
             inputs = (q, k, v) if u is None else (q, k, v, u)
             grad = grad64.to(device, config.dtype)
             grads = torch.autograd.grad(out, inputs, grad)
-            keep = triton_flash.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
+            keep = module.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 (any failure to compile or launch; see the docstring)

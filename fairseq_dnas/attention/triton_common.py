@@ -362,9 +362,11 @@ def _strides(x: Tensor):
 
 
 def _pad_arg(pad: Optional[Tensor], like: Tensor) -> Tensor:
-    """(B, T) bool -> uint8 view for the kernels (a dummy when there is none)."""
+    """(B, T) bool -> uint8 view for the kernels; without a mask ``like``
+    itself: the kernels never read it (HAS_PAD False), so nothing is allocated
+    or written for it."""
     if pad is None:
-        return like.new_zeros((1,), dtype=torch.uint8)
+        return like
     return pad.contiguous().view(torch.uint8)
 
 

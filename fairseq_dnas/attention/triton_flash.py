@@ -596,14 +596,8 @@ def _backward_q_kernel(
         u = 1.0
         r_u = r_d
         e_u = e_d
-    seed = 0
-    t_pair = 0
-    if DROPOUT:  # G = scale Z (dO V^T): the scale goes into u and 1 - u
-        seed = tl.load(SEED)
-        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
-        t_pair = _threshold_pair(drop_threshold)
-    else:
-        scale = 1.0
+    # G = scale Z (dO V^T): the scale goes into u and 1 - u
+    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
     f_row = 0.0
     if HYBRID and PU_FROM_PD:  # pi_U = (pi_D RF[i]) FK[j], the factors of the key-major pass

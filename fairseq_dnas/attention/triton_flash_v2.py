@@ -66,7 +66,6 @@ Passes (one program per block; grid and offsets as v1, ``triton_common``):
 """
 
 import os
-from typing import Optional
 
 import torch
 import triton
@@ -74,7 +73,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fairseq_dnas.attention.triton_common import (  # noqa: F401 (effective_dropout_p: the tests read it here)
-    INTERPRETED, LOG2E, NEG_INIT, STAGES, TILES_ENV, _block_d, _dropout_setup, _load_tile, _offsets,
+    INTERPRETED, LOG2E, NEG_INIT, STAGES, TILES_ENV, _block_d, _pad_arg, _dropout_setup, _load_tile, _offsets,
     _precision, _program, _real, _strides, _tiles,
     effective_dropout_p, grid, needs_int64, on_device, read_tiles, tile_case)
 from fairseq_dnas.attention import triton_flash
@@ -366,12 +365,6 @@ def pu_meta(kernel: str, d: int, dtype: torch.dtype, dropout: bool) -> dict:
     return dict(PU_FROM_PD=pu_from_pd(kernel, d, dtype, dropout), PU_GUARD=triton_flash.PU_GUARD)
 
 
-def _pad_ptr(pad: Optional[Tensor], like: Tensor) -> Tensor:
-    """(B, T) bool as uint8 (a view); without padding any tensor: the kernels
-    never read it (HAS_PAD False), so no zeros are written for it."""
-    return like if pad is None else pad.contiguous().view(torch.uint8)
-
-
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -383,7 +376,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     r_u = torch.empty((bsz, heads, tq), **f32) if hybrid else r_d
     out = _output_buffer(q, v.dtype)
     o_d = _output_buffer(q, v.dtype) if hybrid else out
-    qpad_arg, kpad_arg = _pad_ptr(qpad, q), _pad_ptr(kpad, q)
+    qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
     meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), INT64=needs_int64(q, k, v, out, xc),
                 BLOCK_D=_block_d(d))
     with on_device(q):
@@ -422,7 +415,7 @@ def _backward(do, q, k, v, u, kpad, p_drop, seed, out, o_d, c2, xc, qc, mu, r_d,
         _backward_kv_kernel[grid(tk, kv_n, bsz, heads)](
             q, qc, k, v, c2, xc, mu, u_arg, seed_arg, do, out, o_d, r_d, r_u, e_d, e_u, rf, fk, gamma, dk, dv, dc,
             du_part,
-            _pad_ptr(kpad, q),
+            _pad_arg(kpad, q),
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *_strides(dk), *_strides(dv),
             heads, tq, tk, d, threshold,
             HAS_PAD=has_pad, BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages,

@@ -69,10 +69,9 @@ from torch import Tensor
 
 from fairseq_dnas.attention import triton_flash
 from fairseq_dnas.attention.triton_common import (
-    INTERPRETED, LOG2E, _block_d, _dropout_bytes, _dropout_setup, _dropped, _load_tile, _offsets, _precision,
+    INTERPRETED, LOG2E, _block_d, _pad_arg, _dropout_bytes, _dropout_setup, _dropped, _load_tile, _offsets, _precision,
     _program, _real, _store_tile, _strides, grid, needs_int64, on_device, tile_case)
 from fairseq_dnas.attention.triton_flash import _output_buffer, call_facts, dropout_mask  # noqa: F401 (the same mask)
-from fairseq_dnas.attention.triton_flash_v2 import _pad_ptr
 
 BLOCK_MAX = 128  # the largest tile: a 128 x 128 float32 score block a CTA
 # Warps per CTA by (input kind, head size class) and tile side (32: 16 and
@@ -294,8 +293,8 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     out = _output_buffer(q, v.dtype)
     with on_device(q):
         _short_forward_kernel[grid(1, 1, bsz, heads)](
-            q, k, v, u if hybrid else c2, seed if dropout else c2, out, c2, r2, ru2, _pad_ptr(qpad, q),
-            _pad_ptr(kpad, q), *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
+            q, k, v, u if hybrid else c2, seed if dropout else c2, out, c2, r2, ru2, _pad_arg(qpad, q),
+            _pad_arg(kpad, q), *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, PRECISION=_precision(q.dtype),
             INT64=needs_int64(q, k, v, out), BLOCK=block, BLOCK_D=_block_d(d),
             num_warps=_warps("forward", d, q.dtype, block), num_stages=1,
