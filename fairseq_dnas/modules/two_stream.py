@@ -229,6 +229,8 @@ def add_model_stream(layer, embed_dim: int, ffn_dim: int, cross: bool) -> None:
 class TwoStreamEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer (the controller) with a model stream beside it."""
 
+    model_stream_input = 1  # forward(g, h, ...): h is argument 1 (the faithfulness metric's h0)
+
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         add_model_stream(self, self.embed_dim, cfg.encoder.ffn_embed_dim, cross=False)
