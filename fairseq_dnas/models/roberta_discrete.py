@@ -1,9 +1,11 @@
 """``roberta_discrete_single``: fairseq's RoBERTa encoder (``--task
 sentence_prediction`` or ``masked_lm``) whose every self-attention is
 discrete, the single-stream discrete Transformer of J. Kinley (2020),
-Section 4.1, as a classifier: a classification token first, a linear head on
-its final state (Section 5.3, "Text Classification"; fairseq's classification
-head does exactly that).
+Section 4.1, as a classifier: a classification token first, a head on its
+final state. The thesis's head is one learned linear layer (Section 5.3,
+"Text Classification"); fairseq's classification head, used here as in
+every ``roberta`` model of the plugin, is dense, tanh, then the output
+projection (with dropout before each linear layer).
 
     fairseq-train DATA --user-dir fairseq_dnas --task sentence_prediction \\
         --arch roberta_discrete_single_thesis --num-classes 2 ...

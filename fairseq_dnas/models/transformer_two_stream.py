@@ -1,5 +1,5 @@
 """``transformer_discrete`` / ``transformer_two_stream``: the two-stream
-encoder-decoder Transformer (J. Kinley, 2020, Sections 4.1 and 5.3): a
+encoder-decoder Transformer (J. Kinley, 2020, Sections 4.2 and 5.3): a
 controller stream decides where each position attends, a model stream
 carries the representations, and the output projection reads the model
 stream. ``transformer_discrete`` samples the model stream's attention S from

@@ -1,7 +1,7 @@
 """The two-stream Transformer: a controller stream g that decides where to
 attend and a model stream h that carries the representations (J. Kinley,
 *Two-Stream Transformer Architecture With Discrete Attention*, 2020,
-Section 4.1, Figure 4.2).
+Section 4.2, Figure 4.2; the discrete attention itself is Section 4.1).
 
 Per layer (post-norm, as fairseq's ``transformer``; pre-norm with
 ``--encoder-normalize-before``), with L_ij = q_i . k_j / sqrt(d_k) per head:
@@ -13,10 +13,18 @@ and a feed-forward block per stream. S is sampled from the controller's
 logits L (Gumbel-softmax in training, the argmax one-hot at inference:
 ``discrete_probs`` of ``fairseq_dnas.attention.discrete``), or S = A for the
 "soft" variant (``--discrete-sampler soft``, the thesis's multiview model,
-Section 5.3). The controller never reads h, so it learns only through S;
-downstream heads read h.
+Section 5.3). The controller never reads h, and by default each stream has
+its own first layer of word embeddings (Section 4.2: "The first layer
+representations are set to the corresponding word embeddings"), so the
+controller learns only through S; with ``--share-stream-embeddings`` both
+streams start from one embedding (g^0 = h^0), which then also learns
+through h. Downstream heads read h.
 
-The thesis's table (Section 4.1) lists the feed-forward block before the
+Attention dropout acts on softmax attention only: on A, and on S = A in the
+soft variant, never on a Gumbel sample (the single-stream module's rule too,
+``fairseq_dnas.modules.discrete_attention``).
+
+The thesis's table (Section 4.2) lists the feed-forward block before the
 attention; here each layer is fairseq's (attention, then feed-forward), so
 a two-stream model whose two streams hold the same weights is exactly
 fairseq's ``transformer`` (the parity the tests check).
