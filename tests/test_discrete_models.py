@@ -438,7 +438,7 @@ def _roberta(arch, extra=(), seed=0):
 
 
 def test_roberta_discrete_single_sizes_and_attention():
-    from fairseq_dnas.models.roberta_discrete import RobertaDiscreteSingleModel
+    from fairseq_dnas.models.roberta_discrete_single import RobertaDiscreteSingleModel
 
     model = _roberta("roberta_discrete_single_small")
     assert isinstance(model, RobertaDiscreteSingleModel)

@@ -402,7 +402,7 @@ def test_on_default_settings_the_controller_learns_only_through_s(arch, tmp_path
     model, loss_fn = _in_process(arch, tmp_path)
     named = [(n, p) for n, p in model.named_parameters() if _is_controller(n)]
     assert any("controller_embed_tokens" in n for n, _ in named)
-    if arch.startswith("roberta"):  # learned positions, embedding LayerNorm (the translation model's are sinusoidal, none)
+    if arch.startswith("roberta"):  # learned positions, embedding LayerNorm (translation: sinusoidal, none)
         assert any("controller_embed_positions" in n for n, _ in named)
         assert any("controller_layernorm_embedding" in n for n, _ in named)
     full, through_s = _gradients_through_s(model, loss_fn, [p for _, p in named])

@@ -33,8 +33,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.models.discrete_args import apply_temperature
 from fairseq_dnas.models.receptive_field_penalty import RobertaPenaltyMixin, attach_to_task
-from fairseq_dnas.models.roberta_discrete import thesis_architecture
-from fairseq_dnas.models.roberta_dnas import build_roberta, small_architecture
+from fairseq_dnas.models.roberta_dnas import build_roberta, small_architecture, thesis_architecture
 from fairseq_dnas.models.transformer_two_stream import (
     TwoStreamModelMixin,
     add_two_stream_args,

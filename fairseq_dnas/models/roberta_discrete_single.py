@@ -19,7 +19,6 @@ swapped, everything else is fairseq's ``RobertaModel``.
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta import RobertaModel
 from fairseq.models.roberta.model import base_architecture
-from fairseq.utils import safe_getattr
 
 from fairseq_dnas.models.discrete_args import (
     add_discrete_args,
@@ -28,7 +27,12 @@ from fairseq_dnas.models.discrete_args import (
     validate_discrete_args,
 )
 from fairseq_dnas.models.receptive_field_penalty import RobertaPenaltyMixin, attach_to_task
-from fairseq_dnas.models.roberta_dnas import DNASRobertaEncoder, build_roberta, small_architecture
+from fairseq_dnas.models.roberta_dnas import (
+    DNASRobertaEncoder,
+    build_roberta,
+    small_architecture,
+    thesis_architecture,
+)
 from fairseq_dnas.modules.discrete_layers import DiscreteTransformerEncoder
 
 
@@ -66,19 +70,6 @@ class RobertaDiscreteSingleModel(RobertaPenaltyMixin, RobertaModel):
 
 
 # --- architectures -----------------------------------------------------------
-
-
-def thesis_architecture(args):
-    """The thesis's classifier (Section 5.3): 6 layers, d_model 64, d_ff 128,
-    4 heads; RoBERTa's other settings (post-norm, GELU, 512 positions)."""
-    sizes = dict(encoder_layers=6, encoder_embed_dim=64, encoder_ffn_embed_dim=128, encoder_attention_heads=4)
-    for name, value in sizes.items():  # unless set on the command line
-        setattr(args, name, safe_getattr(args, name, value))
-    base_architecture(args)
-
-
-# fairseq's own roberta at the thesis's size: the TRANSFORMER baseline of Section 6.1.
-register_model_architecture("roberta", "roberta_thesis")(thesis_architecture)
 
 
 @register_model_architecture("roberta_discrete_single", "roberta_discrete_single")
