@@ -26,7 +26,6 @@ from fairseq_dnas.models.discrete_args import (
     discrete_defaults,
     validate_discrete_args,
 )
-from fairseq_dnas.models.receptive_field_penalty import RobertaPenaltyMixin, attach_to_task
 from fairseq_dnas.models.roberta_dnas import (
     DNASRobertaEncoder,
     build_roberta,
@@ -43,7 +42,7 @@ class DiscreteRobertaEncoder(DNASRobertaEncoder):
 
 
 @register_model("roberta_discrete_single")
-class RobertaDiscreteSingleModel(RobertaPenaltyMixin, RobertaModel):
+class RobertaDiscreteSingleModel(RobertaModel):
     """fairseq's RoBERTa with discrete self-attention in every layer."""
 
     @staticmethod
@@ -56,7 +55,6 @@ class RobertaDiscreteSingleModel(RobertaPenaltyMixin, RobertaModel):
         model = build_roberta(cls, args, task, DiscreteRobertaEncoder,
                               roberta_discrete_single_architecture, validate_discrete_args)
         apply_temperature(model, args, 0, log=False)
-        attach_to_task(task, args)
         return model
 
     def attention_modules(self):

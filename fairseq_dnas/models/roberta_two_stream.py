@@ -32,7 +32,6 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
 from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.models.discrete_args import apply_temperature
-from fairseq_dnas.models.receptive_field_penalty import RobertaPenaltyMixin, attach_to_task
 from fairseq_dnas.models.roberta_dnas import build_roberta, small_architecture, thesis_architecture
 from fairseq_dnas.models.transformer_two_stream import (
     TwoStreamModelMixin,
@@ -93,12 +92,11 @@ def _build(cls, args, task, encoder_cls):
 
     model = build_roberta(cls, args, task, encoder_cls, defaults, validate_two_stream_args)
     apply_temperature(model, args, 0, log=False)
-    attach_to_task(task, args)
     return model
 
 
 @register_model("roberta_two_stream")
-class RobertaTwoStreamModel(RobertaPenaltyMixin, TwoStreamModelMixin, RobertaModel):
+class RobertaTwoStreamModel(TwoStreamModelMixin, RobertaModel):
     """fairseq's RoBERTa with a two-stream encoder."""
 
     @staticmethod

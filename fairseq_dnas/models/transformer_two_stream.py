@@ -36,7 +36,6 @@ from fairseq_dnas.models.discrete_args import (
     discrete_defaults,
     validate_discrete_args,
 )
-from fairseq_dnas.models.receptive_field_penalty import TranslationPenaltyMixin
 from fairseq_dnas.modules.two_stream import TwoStreamAttention, TwoStreamDecoder, TwoStreamEncoder
 
 
@@ -92,7 +91,7 @@ class TwoStreamModelMixin:
 
 
 @register_model("transformer_two_stream")
-class TransformerTwoStreamModel(TranslationPenaltyMixin, TwoStreamModelMixin, TransformerModel):
+class TransformerTwoStreamModel(TwoStreamModelMixin, TransformerModel):
     """fairseq's Transformer with a two-stream encoder and decoder."""
 
     @staticmethod

@@ -70,8 +70,8 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         self.sampler, self.discrete_scheme, self.gumbel_hard = sampler, scheme, hard
         self.gumbel_temperature = float(temperature)
         self.sinkhorn_iters = sinkhorn_iters
-        # --receptive-field-penalty: the model asks for the S of each forward
-        # (with its graph) to build the penalty from (``discrete_args``).
+        # The receptive-field penalty (criterions/receptive_field_penalty.py) asks for
+        # the S of each forward, with its graph.
         self.keep_sample = False
         self.kept_sample: Optional[Tensor] = None
 

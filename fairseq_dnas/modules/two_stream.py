@@ -122,8 +122,8 @@ class TwoStreamAttention(MultiheadAttention):
         self.gumbel_temperature = gumbel_temperature  # set per update by the model's set_num_updates
         self.gumbel_hard = gumbel_hard
         self.attention_tap = AttentionTap()
-        # --receptive-field-penalty: the model asks for the S of each forward
-        # (with its graph) to build the penalty from (``discrete_args``).
+        # The receptive-field penalty (criterions/receptive_field_penalty.py) asks for
+        # the S of each forward, with its graph.
         self.keep_sample = False
         self.kept_sample: Optional[Tensor] = None
 
