@@ -319,8 +319,10 @@ def zero_pads(x: Tensor, padding_mask: Tensor) -> Tensor:
     return x * (1 - padding_mask.unsqueeze(-1).type_as(x))
 
 
-CONTROLLER_EMBEDDINGS = ("controller_embed_tokens", "controller_embed_positions",
-                         "controller_layernorm_embedding", "controller_project_in_dim")
+# The controller's embedding modules and the model stream's (fairseq's) they mirror.
+CONTROLLER_EMBEDDINGS = {"controller_embed_tokens": "embed_tokens", "controller_embed_positions": "embed_positions",
+                         "controller_layernorm_embedding": "layernorm_embedding",
+                         "controller_project_in_dim": "project_in_dim"}
 
 
 def add_controller_embeddings(stack, cfg, controller_embed_tokens, max_positions: int, learned: bool) -> None:
@@ -354,9 +356,7 @@ def fill_controller_embeddings(state_dict, name: str) -> None:
     controller read the model stream's positions and LayerNorm, and its
     token table unless untied): copy the model stream's into the controller's
     missing entries, which computes what that checkpoint computed."""
-    for own, shared in (("controller_embed_tokens", "embed_tokens"), ("controller_embed_positions", "embed_positions"),
-                        ("controller_layernorm_embedding", "layernorm_embedding"),
-                        ("controller_project_in_dim", "project_in_dim")):
+    for own, shared in CONTROLLER_EMBEDDINGS.items():
         for key in [k for k in state_dict if k.startswith(f"{name}.{shared}.")]:
             target = f"{name}.{own}." + key[len(f"{name}.{shared}."):]
             if target not in state_dict:
