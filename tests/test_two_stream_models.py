@@ -452,3 +452,34 @@ def test_a_checkpoint_with_shared_stream_embeddings_loads_and_computes_the_same(
     shared.eval(), own.eval()
     with torch.no_grad():
         torch.testing.assert_close(loss_own(), loss_shared(), atol=1e-6, rtol=1e-6)
+
+
+def test_multiview_penalty_criterion_sums_both_views_fields(tmp_path):
+    """--criterion sentence_prediction_multiview_rf_penalty: the penalty reads
+    each view's encoder on its own tokens at <s>; P_b sums the two views
+    (each at least 1, <s> itself), and the loss gains C * sum_b P_b *
+    sample_size / nsentences over the multiview criterion's own."""
+    from fairseq import options, tasks
+
+    from fairseq_dnas.criterions import receptive_field_penalty as RFC
+
+    data = write_multiview(tmp_path / "data", sizes=(("train", 60), ("valid", 6)))
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(data), "--arch", "roberta_discrete_multiview_thesis",
+                                                *MULTIVIEW_TRAIN, "--dropout", "0", "--attention-dropout", "0",
+                                                "--criterion", "sentence_prediction_multiview_rf_penalty",
+                                                "--receptive-field-penalty", "0.5"])
+    task = tasks.setup_task(args)
+    task.load_dataset("valid")
+    model = task.build_model(args).train()
+    criterion = task.build_criterion(args)
+    assert type(criterion.base).__name__ == "SentencePredictionMultiviewCriterion"
+    sample = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(6)])
+    stacks = RFC.penalty_stacks(model, sample, classification=True)
+    assert [s[1] is sample[k]["src_tokens"] for s, k in zip(stacks, ("net_input", "net_input1"))] == [True, True]
+    loss, size, log = criterion(model, sample)
+    assert log["rf_nsentences"] == 6 and 2 * 6 <= log["receptive_field_penalty"] <= 2 * 6 * 64
+    torch.testing.assert_close(loss.detach(), log["loss"] + 0.5 * log["receptive_field_penalty"] * size / 6,
+                               atol=1e-4, rtol=0)
+    model.eval()
+    assert "receptive_field_penalty" not in criterion(model, sample)[2]  # validation: the base criterion alone
