@@ -10,7 +10,8 @@ docs/analysis.md:
 
 - the model translates each source sentence itself (beam search, --beam);
 - y_hat = the teacher-forced log-probability of that hypothesis;
-- importance of source token j: || d y_hat / d e_j || (or gradient x input);
+- importance of source token j: || d y_hat / d h0_j || (or gradient x input),
+  h0_j the input of the encoder's first layer at j (thesis Section 5.4);
 - two attentions, reported apart: the encoder self-attention each source
   token receives (all encoder layers, heads, real queries) and the decoder
   cross-attention it receives (all decoder layers, heads, target positions).

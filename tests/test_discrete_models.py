@@ -140,6 +140,38 @@ def test_fused_training_path_equals_the_explicit_sample(kind, monkeypatch):
         torch.testing.assert_close(fused_r, explicit_r, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("need_weights", [False, True])  # the fused path and the explicit one
+def test_attention_dropout_acts_on_softmax_attention_only(need_weights):
+    """One rule for both modules (docs/math.md): attention dropout drops
+    entries of softmax attention (S = softmax(L) with the soft sampler, the
+    controller's A) and never of a Gumbel sample S. Training, same seed,
+    attention dropout 0.5 against 0."""
+    from fairseq_dnas.modules.two_stream import TwoStreamAttention
+
+    def run_single(sampler, p):
+        _, disc = _pair("encoder_self", sampler=sampler, dropout=p)
+        torch.manual_seed(5)
+        return disc.train()(**_inputs("encoder_self"), need_weights=need_weights)[0]
+
+    torch.testing.assert_close(run_single("gumbel", 0.5), run_single("gumbel", 0.0), atol=0, rtol=0)
+    assert not torch.allclose(run_single("soft", 0.5), run_single("soft", 0.0))
+
+    # Two streams: S as the model stream used it (rows of a sample sum to 1;
+    # a dropped row does not), and A's dropout seen in the controller's output.
+    torch.manual_seed(0)
+    g = torch.randn(6, 3, 16, dtype=torch.float64)
+    for sampler in ("gumbel", "soft"):
+        m = TwoStreamAttention(16, 4, sampler=sampler, dropout=0.5, self_attention=True).double().train()
+        g_out, _, _, sample = m.two_stream_forward(g, g, g.flip(0))
+        rows = sample.sum(-1)
+        if sampler == "gumbel":
+            torch.testing.assert_close(rows, torch.ones_like(rows), atol=1e-12, rtol=0)
+        else:
+            assert (rows - 1).abs().max() > 0.1
+        m.eval()
+        assert not torch.allclose(g_out, m.two_stream_forward(g, g, g.flip(0))[0])  # A dropped in training
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_eval_weights_are_exactly_one_hot(kind):
     _, disc = _pair(kind, sampler="gumbel")
@@ -406,7 +438,7 @@ def _roberta(arch, extra=(), seed=0):
 
 
 def test_roberta_discrete_single_sizes_and_attention():
-    from fairseq_dnas.models.roberta_discrete import RobertaDiscreteSingleModel
+    from fairseq_dnas.models.roberta_discrete_single import RobertaDiscreteSingleModel
 
     model = _roberta("roberta_discrete_single_small")
     assert isinstance(model, RobertaDiscreteSingleModel)

@@ -186,17 +186,19 @@ def _probs(scores, scheme, u):
 
 
 def _reference(model, ids):
-    """(class probabilities, per-layer attention (H, T, T), grad, e) of one
-    example, the encoder written out in float64 (post-norm RoBERTa: learned
-    positions, embedding layer norm, attention, FFN, classification head on
-    <s>); grad = d y_hat / d e by autograd on the embedding rows themselves."""
+    """(class probabilities, per-layer attention (H, T, T), {point: (grad,
+    input)}) of one example, the encoder written out in float64 (post-norm
+    RoBERTa: learned positions, embedding layer norm, attention, FFN,
+    classification head on <s>); the points: 'h0' (the embedding layer
+    norm's output, the thesis's h0) and 'embed_tokens' (the embedding rows
+    themselves), the gradient of y_hat at each by autograd."""
     enc = model.encoder.sentence_encoder
     P = lambda t: t.detach().double()  # noqa: E731
     t = len(ids)
     e = P(enc.embed_tokens.weight)[ids].clone().requires_grad_(True)
     x = enc.embed_scale * e + P(enc.embed_positions.weight)[enc.padding_idx + 1 + torch.arange(t)]
     ln = enc.layernorm_embedding
-    x = F.layer_norm(x, x.shape[-1:], P(ln.weight), P(ln.bias), ln.eps)
+    x = h0 = F.layer_norm(x, x.shape[-1:], P(ln.weight), P(ln.bias), ln.eps)
     attention = []
     for layer in enc.layers:
         assert not layer.normalize_before
@@ -224,8 +226,8 @@ def _reference(model, ids):
     head = model.classification_heads[HEAD]
     z = torch.tanh(F.linear(x[0], P(head.dense.weight), P(head.dense.bias)))
     probs = F.linear(z, P(head.out_proj.weight), P(head.out_proj.bias)).softmax(-1)
-    (grad,) = torch.autograd.grad(probs[probs.argmax()], e)
-    return probs.detach(), attention, grad, e.detach()
+    grad_h0, grad_e = torch.autograd.grad(probs[probs.argmax()], (h0, e))
+    return probs.detach(), attention, {"h0": (grad_h0, h0.detach()), "embed_tokens": (grad_e, e.detach())}
 
 
 def _examples(tiny, model, task, data, n):
@@ -240,13 +242,14 @@ def test_attention_and_importance_match_a_float64_recomputation(tiny, arch):
     rows = _examples(tiny, model, task, data, 8)
     assert len({len(r) for r in rows}) > 2  # padding in the batch
     x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
-    r = FA.explain_batch(model, x, HEAD, task.cfg.init_token)
+    r = FA.explain_batch(model, x, HEAD, task.cfg.init_token)  # importance at h0 (the default)
     # fairseq's MultiheadAttention (UNAS) returns its weights from a float32
     # softmax (fairseq.utils.softmax) whatever the model's dtype; the
     # plugin's attention (HNAS) computes them in the model's dtype.
     atol = 1e-5 if arch == "roberta" else 1e-10
     for b, ids in enumerate(rows):
-        probs, attention, grad, e = _reference(model, ids)
+        probs, attention, points = _reference(model, ids)
+        grad, e = points["h0"]
         t = len(ids)
         torch.testing.assert_close(r["probs"][b], probs, atol=1e-12, rtol=0)
         # a_j: every layer, head and query (<s> and </s> included), keys 1..T-2.
@@ -261,6 +264,37 @@ def test_attention_and_importance_match_a_float64_recomputation(tiny, arch):
         assert not r["attention"][b][~real].any() and not r["importance"]["grad"][b][~real].any()
     # Not a trivial case: attention is far from uniform and u differs per head.
     assert float(r["attention"][r["real"]].std()) > 0.1
+
+
+def test_h0_and_the_token_embedding_are_different_points(tiny):
+    """RoBERTa's embedding LayerNorm divides each position by its own
+    standard deviation and projects: the gradient at h0 (the thesis's,
+    Section 5.4) is not the gradient at the output of embed_tokens, in norm
+    and in ranking. at='embed_tokens' keeps the old point, checked against
+    the same float64 recomputation."""
+    model, task, data = _float64_model(tiny["ckpt"]["roberta"], False)
+    assert model.encoder.sentence_encoder.layernorm_embedding is not None
+    rows = _examples(tiny, model, task, data, 8)
+    x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
+    at_h0 = FA.explain_batch(model, x, HEAD, 0)
+    at_e = FA.explain_batch(model, x, HEAD, 0, at="embed_tokens")
+    rankings_differ = False
+    for b, ids in enumerate(rows):
+        t = len(ids)
+        _, _, points = _reference(model, ids)
+        real = at_e["real"][b]
+        g, e = points["embed_tokens"]
+        torch.testing.assert_close(at_e["importance"]["grad"][b][real], g[1:t - 1].norm(dim=-1),
+                                   atol=1e-12, rtol=1e-9)
+        torch.testing.assert_close(at_e["importance"]["grad-x-input"][b][real],
+                                   (g[1:t - 1] * e[1:t - 1]).sum(-1).abs(), atol=1e-12, rtol=1e-9)
+        g0, ge = at_h0["importance"]["grad"][b][real], at_e["importance"]["grad"][b][real]
+        assert not torch.allclose(g0, ge, rtol=1e-3)
+        if len(g0) > 1 and not torch.equal(g0.argsort(), ge.argsort()):
+            rankings_differ = True
+    assert rankings_differ
+    with pytest.raises(ValueError, match="h0, embed_tokens"):
+        FA.explain_batch(model, x, HEAD, 0, at="output")
 
 
 @pytest.mark.parametrize("arch", ["roberta", "roberta_hnas"])

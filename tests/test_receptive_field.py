@@ -5,12 +5,18 @@ the boolean recursion and its soft form on hand-built graphs
 outside the receptive field of the position its head reads, and its
 prediction does not move, bit for bit, when an embedding outside is
 perturbed); the field in scripts/faithfulness.py; the training penalty
---receptive-field-penalty."""
+(fairseq_dnas/attention/receptive_field.py) and its criterions
+--criterion <base>_rf_penalty --receptive-field-penalty C
+(fairseq_dnas/criterions/receptive_field_penalty.py)."""
+
+import os
 
 import pytest
 import torch
 
 from fairseq_dnas.analysis import receptive_field as RF
+from fairseq_dnas.attention import receptive_field as ARF
+from fairseq_dnas.criterions import receptive_field_penalty as RFC
 
 
 def one_hot_layer(choices, length):
@@ -122,6 +128,19 @@ def test_penalty_by_hand():
     assert p_layers.tolist() == [pytest.approx((1.5 + 2.88) / 2, abs=1e-14)]
     with pytest.raises(ValueError, match="final, all"):
         RF.receptive_field_penalty([s1[None, None]], layers="last")
+
+
+def test_the_penalty_math_lives_beside_the_attention_and_imports_no_fairseq():
+    """Imports go down: the penalty (attention/) is what the criterion and
+    the analysis both use, and importing it imports no fairseq."""
+    import subprocess
+    import sys
+
+    assert RF.receptive_field_penalty is ARF.receptive_field_penalty
+    assert RF.soft_receptive_fields is ARF.soft_receptive_fields
+    assert RFC.receptive_field_penalty is ARF.receptive_field_penalty
+    code = "import sys, fairseq_dnas.attention.receptive_field; assert 'fairseq' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 
 
 def test_full_final_fields_have_no_gradient_and_the_mean_over_layers_has():
@@ -264,23 +283,24 @@ def test_perturbing_an_embedding_outside_the_field_changes_nothing(arch):
 # --- the field in scripts/faithfulness.py, and a tiny fairseq-train run with the penalty ---
 
 import json  # noqa: E402
-import os  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 
 from helpers import ROOT, run  # noqa: E402
 
-PENALTY = ["--receptive-field-penalty", "0.1"]
+PENALTY = ["--receptive-field-penalty", "0.1"]  # with a --criterion <base>_rf_penalty
 
 
 @pytest.fixture(scope="module")
 def penalized(tmp_path_factory):
     """tests/test_faithfulness.py's generated set and recipe steps, and the
-    two discrete classifiers trained 10 updates with --receptive-field-penalty 0.1."""
+    two discrete classifiers trained 10 updates with --criterion
+    sentence_prediction_rf_penalty --receptive-field-penalty 0.01."""
     from test_faithfulness import train_classifiers
 
     return train_classifiers(tmp_path_factory.mktemp("receptive_field"), DISCRETE,
-                             ("--receptive-field-penalty", "0.01", "--log-interval", "5"))
+                             ("--criterion", "sentence_prediction_rf_penalty", "--receptive-field-penalty", "0.01",
+                              "--log-interval", "5"))
 
 
 @pytest.mark.parametrize("arch", DISCRETE)
@@ -359,41 +379,47 @@ def _train_mode(model):
     return model
 
 
-@pytest.mark.parametrize("arch, extra", [("roberta_discrete_single", ["--discrete-sampler", "soft"]),
-                                         ("roberta_two_stream", []),
-                                         ("roberta_two_stream", ["--receptive-field-layers", "all"])])
+def _penalty(model, x, head, layers="final", **kw):
+    """(P per sentence with its graph, the model's forward output): the
+    criterion's computation (``penalty_stacks``, ``kept_samples``,
+    ``sentence_penalty``) around one forward of ``model`` on ``x``."""
+    stacks = RFC.penalty_stacks(model, {"net_input": {"src_tokens": x}}, classification=head)
+    with RFC.kept_samples(stacks):
+        out = model(x, **kw)
+        return RFC.sentence_penalty(stacks, layers), out
+
+
+@pytest.mark.parametrize("arch, extra, layers", [("roberta_discrete_single", ["--discrete-sampler", "soft"], "final"),
+                                                 ("roberta_two_stream", [], "final"),
+                                                 ("roberta_two_stream", [], "all")])
 @pytest.mark.parametrize("head", [True, False])
-def test_model_penalty_is_the_soft_recursion_of_the_samples_it_used(arch, extra, head):
+def test_penalty_is_the_soft_recursion_of_the_samples_the_model_used(arch, extra, layers, head):
     """Soft samplers (S = softmax(L): deterministic, so the capture's S is the
-    one the model used): extra['receptive_field_penalty'] per sentence is
-    receptive_field_penalty of the captured S, read at <s> with a
-    classification head, at every real position without."""
+    one the model used): P per sentence is receptive_field_penalty of the
+    captured S, read at <s> for a classification criterion, at every real
+    position for another; the modules keep no S afterwards."""
     from test_roberta_dnas import build
 
     import fairseq_dnas.plugin  # noqa: F401
 
-    model = build(arch, [*extra, *PENALTY])
+    model = build(arch, extra)
     model.register_classification_head(HEAD, num_classes=2)
     _train_mode(model)
     x = sentences(model)
     padding = x.eq(model.encoder.sentence_encoder.padding_idx)
     kw = {"features_only": True, "classification_head_name": HEAD} if head else {}
     with EncoderAttention(model) as rec:
-        _, extra_out = model(x, **kw)
+        got, _ = _penalty(model, x, head, layers, **kw)
     samples = [FA.pick_stream(named, "model") for named in rec.calls[0]]
     readers = None
     if head:
         readers = torch.zeros_like(padding)
         readers[:, 0] = True
-    want = RF.receptive_field_penalty(samples, padding, readers, "all" if "all" in extra else "final")
-    got = extra_out["receptive_field_penalty"]
+    want = RF.receptive_field_penalty(samples, padding, readers, layers)
     torch.testing.assert_close(got.detach(), want, atol=1e-5, rtol=0)
     assert bool((got > 1).all())  # more than <s> itself: not a trivial value
-    taken = model.take_receptive_field_penalty()
-    assert float(taken[0].detach()) == pytest.approx(float(got.detach().sum()), abs=1e-5) and taken[1] == len(x)
-    assert model.take_receptive_field_penalty() is None  # taken once
-    model.eval()
-    assert "receptive_field_penalty" not in model(x, **kw)[1]  # inference: no penalty
+    assert all(not m.keep_sample and m.kept_sample is None for m in RFC.penalty_stacks(
+        model, {"net_input": {"src_tokens": x}}, head)[0][0])
 
 
 @pytest.mark.parametrize("arch", DISCRETE)
@@ -402,12 +428,12 @@ def test_penalty_gradient_reaches_the_attention_logits(arch):
 
     import fairseq_dnas.plugin  # noqa: F401
 
-    model = build(arch, PENALTY)
+    model = build(arch, [])
     model.register_classification_head(HEAD, num_classes=2)
     _train_mode(model)
     torch.manual_seed(3)
-    _, extra_out = model(sentences(model), features_only=True, classification_head_name=HEAD)
-    extra_out["receptive_field_penalty"].sum().backward()
+    penalty, _ = _penalty(model, sentences(model), True, features_only=True, classification_head_name=HEAD)
+    penalty.sum().backward()
     layers = model.encoder.sentence_encoder.layers
     for layer in layers:  # L = q k^T: every layer's logits shape the field
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
@@ -422,53 +448,59 @@ def test_penalty_gradient_reaches_the_attention_logits(arch):
         assert top is None or not top.any()
 
 
-def _translation_loss(arch, extra, seed=1, stray=False):
-    """(loss, sample_size, logging output, criterion, P per sentence) of
-    label_smoothed_cross_entropy on a tiny batch, the model in training mode;
-    ``stray``: one more training forward before the criterion's."""
+def _translation_loss(arch, criterion, extra=(), seed=1, stray=False):
+    """(loss, sample_size, logging output, P per sentence recomputed) of
+    ``criterion`` (label_smoothed_cross_entropy or its _rf_penalty) on a tiny
+    batch, the model in training mode; ``stray``: one more training forward
+    before the criterion's (it must not count)."""
     from fairseq.tasks.translation import TranslationTask
     from helpers import random_tokens, tiny_args, tiny_dictionary
 
-    args = tiny_args(arch, ["--dropout", "0", "--criterion", "label_smoothed_cross_entropy",
-                            "--label-smoothing", "0.1", *extra])
+    args = tiny_args(arch, ["--dropout", "0", "--criterion", criterion, "--label-smoothing", "0.1", *extra])
     d = tiny_dictionary()
     task = TranslationTask(args, d, d)
     torch.manual_seed(0)
     model = task.build_model(args).train()
-    criterion = task.build_criterion(args)
+    crit = task.build_criterion(args)
     src = random_tokens([5, 9, 7], 9, d, left_pad=True)
     tgt = random_tokens([4, 6, 3], 6, d, left_pad=False, seed=2)
     prev = torch.cat([torch.full((3, 1), d.eos()), tgt[:, :-1]], 1).masked_fill(tgt.eq(d.pad()), d.pad())
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1), "prev_output_tokens": prev},
               "target": tgt, "ntokens": int(tgt.ne(d.pad()).sum()), "nsentences": 3}
-    seen = {}
-    model.register_forward_hook(lambda m, i, out: seen.update(p=out[1].get("receptive_field_penalty")))
     if stray:
         model(**sample["net_input"])  # outside the criterion: must not count
     torch.manual_seed(seed)
-    loss, sample_size, logging_output = criterion(model, sample)
-    return loss, sample_size, logging_output, criterion, seen["p"]
+    loss, sample_size, logging_output = crit(model, sample)
+    stacks = RFC.penalty_stacks(model, sample, classification=False)
+    with RFC.kept_samples(stacks):  # the same noise: the same samples
+        torch.manual_seed(seed)
+        model(**sample["net_input"])
+        p = RFC.sentence_penalty(stacks)
+    return loss, sample_size, logging_output, crit, p
 
 
 @pytest.mark.parametrize("arch", ["transformer_discrete_single", "transformer_discrete"])
-def test_penalty_in_fairseqs_criterion_and_zero_changes_nothing(arch):
-    plain, size, log0, crit0, p0 = _translation_loss(arch, [])
-    zero, _, _, crit_zero, _ = _translation_loss(arch, ["--receptive-field-penalty", "0"])
-    assert p0 is None and not crit0._forward_hooks and not crit_zero._forward_hooks
-    assert not crit0._forward_pre_hooks and not crit_zero._forward_pre_hooks
-    assert torch.equal(zero, plain)  # bit for bit
-    with_penalty, size1, log1, _, p = _translation_loss(arch, ["--receptive-field-penalty", "0.5"], stray=True)
+def test_penalty_criterion_wraps_fairseqs_and_zero_changes_nothing(arch):
+    base = "label_smoothed_cross_entropy"
+    plain, size, log0, crit0, _ = _translation_loss(arch, base)
+    zero, _, log_zero, crit_zero, _ = _translation_loss(arch, base + RFC.SUFFIX, ["--receptive-field-penalty", "0"])
+    assert type(crit_zero.base) is type(crit0) and crit_zero.base.eps == crit0.eps == 0.1  # the base's own flag
+    assert torch.equal(zero, plain) and "receptive_field_penalty" not in log_zero  # bit for bit
+    with_penalty, size1, log1, _, p = _translation_loss(arch, base + RFC.SUFFIX, ["--receptive-field-penalty", "0.5"],
+                                                        stray=True)
     assert size1 == size and p.shape == (3,)
     # encoder (2 layers) and decoder (1 layer) fields: each at least 1, at most the length
     assert bool((p > 2).all()) and bool((p <= 9 + 6).all())
-    # The criterion's own loss is unchanged (logged as before); the returned
-    # one gains C * sum_b P_b * sample_size / nsentences. The single-stream
-    # model leaves its fused kernel to keep S: the same noise, other rounding.
+    # The base criterion's own loss is unchanged (logged as before); the
+    # returned one gains C * sum_b P_b * sample_size / nsentences. The
+    # single-stream model leaves its fused kernel to keep S: the same noise,
+    # other rounding.
     atol = 0 if arch == "transformer_discrete" else 1e-4
     torch.testing.assert_close(log1["loss"], log0["loss"], atol=atol, rtol=0)
     want = log1["loss"] + 0.5 * p.detach().sum() * size / 3
     torch.testing.assert_close(with_penalty.detach(), want, atol=1e-4, rtol=0)
-    assert log1["receptive_field_penalty"] == pytest.approx(float(p.detach().sum()))
+    assert log1["receptive_field_penalty"] == pytest.approx(float(p.detach().sum()), abs=1e-4)
+    assert log1["rf_nsentences"] == 3
 
 
 @pytest.fixture(scope="module")
@@ -493,7 +525,7 @@ def _fairseq_train(data, save, arch, *flags, check=True):
 @pytest.mark.full  # the classification runs of the penalized fixture prove the flag in the default tier
 def test_translation_fairseq_train_with_the_penalty(translation_data, tmp_path):
     proc = _fairseq_train(translation_data, tmp_path, "transformer_discrete_tiny", *PENALTY,
-                          "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1")
+                          "--criterion", "label_smoothed_cross_entropy_rf_penalty", "--label-smoothing", "0.1")
     log = proc.stdout + proc.stderr
     assert "done training" in log and re.search(r"rf_penalty[ =]\d+\.\d+", log), log[-2000:]
 
@@ -507,7 +539,7 @@ def test_bad_penalty_through_plain_fairseq_train_gives_one_line(translation_data
 
     proc = _plain_train(translation_data, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--optimizer", "adam",
                         "--lr", "1e-3", "--max-update", "1", "--batch-size", "8", "--save-dir", tmp_path,
-                        "--receptive-field-penalty", value)
+                        "--criterion", "cross_entropy_rf_penalty", "--receptive-field-penalty", value)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -71,9 +71,11 @@ def _probs(m, query, key):
 
 
 def _reference(model, src, prev, target):
-    """One unpadded sentence in float64: (grad, e, encoder attention per
-    layer, cross-attention per layer, log p(y | x)); grad = d log p / d e by
-    autograd on the source embeddings passed to the encoder directly."""
+    """One unpadded sentence in float64: (grad, h0, encoder attention per
+    layer, cross-attention per layer, log p(y | x)); grad = d log p / d h0,
+    h0 = embed_scale * e + positions (these encoders have no embedding
+    LayerNorm), by autograd on the source embeddings e passed to the encoder
+    directly: d log p / d h0 = (d log p / d e) / embed_scale."""
     enc_mods = [layer.self_attn for layer in model.encoder.layers]
     cross_mods = [layer.encoder_attn for layer in model.decoder.layers]
     two_stream = type(model).__name__ == "TransformerTwoStreamModel"
@@ -88,6 +90,10 @@ def _reference(model, src, prev, target):
             inputs.remove()
     logprob = model.get_normalized_probs(out, log_probs=True)[0].gather(-1, target[0, :, None]).sum()
     (grad,) = torch.autograd.grad(logprob, e)
+    encoder = model.encoder
+    assert encoder.layernorm_embedding is None
+    h0 = encoder.embed_scale * e + encoder.embed_positions(src)
+    grad = grad / encoder.embed_scale
     if two_stream:  # S as the model used it, read at its attention_tap
         enc = [parts["model_S"][:, 0].double() for site, parts in records if site.kind == "encoder_self"]
         cross = [parts["model_S"][:, 0].double() for site, parts in records if site.kind == "decoder_cross"]
@@ -95,7 +101,7 @@ def _reference(model, src, prev, target):
         by_module = {id(m): _probs(m, q, k) for m, q, k in inputs.calls}
         enc = [by_module[id(m)] for m in enc_mods]
         cross = [by_module[id(m)] for m in cross_mods]
-    return grad[0].detach(), e[0].detach(), enc, cross, logprob.detach()
+    return grad[0].detach(), h0[0].detach(), enc, cross, logprob.detach()
 
 
 ARCHS = [("transformer", ["--share-all-embeddings"]), ("transformer_dnas", []),

@@ -1,4 +1,4 @@
-"""Tier 1 and 2: the two-stream Transformer (J. Kinley, 2020, Section 4.1)
+"""Tier 1 and 2: the two-stream Transformer (J. Kinley, 2020, Section 4.2)
 built in-process. The attention against a plain float64 reference (padding,
 forward and gradients); the separation of the streams (h never enters g; the
 controller learns only through S); one-hot S at inference; incremental
@@ -157,13 +157,14 @@ def test_h_never_enters_g(arch):
 def _controller_parameters(model):
     """The controller's parameters: the layers' fairseq-named ones and its own embeddings."""
     return {n: p for n, p in model.named_parameters()
-            if (".layers." in n and ".model_" not in n) or "controller_embed_tokens" in n}
+            if (".layers." in n and ".model_" not in n) or ".controller_" in n}
 
 
 @pytest.mark.parametrize("hard", [False, True])
 def test_controller_learns_only_through_s(hard, monkeypatch):
-    extra = ["--untie-stream-embeddings"] + (["--gumbel-hard"] if hard else [])
-    model = build_model("transformer_discrete_tiny", extra).train()
+    """Default settings (each stream its own embeddings): with S detached,
+    nothing reaches the controller, its embeddings included."""
+    model = build_model("transformer_discrete_tiny", ["--gumbel-hard"] if hard else []).train()
     d = tiny_dictionary()
     src, prev = random_tokens([6, 4], 6, d), random_tokens([5, 5], 5, d, seed=2)
     controller = _controller_parameters(model)
@@ -179,7 +180,7 @@ def test_controller_learns_only_through_s(hard, monkeypatch):
     # Through S the controller learns: its queries, keys, values and embeddings all get gradients.
     for name in ("encoder.layers.0.self_attn.q_proj.weight", "encoder.layers.0.self_attn.v_proj.weight",
                  "encoder.layers.0.fc1.weight", "decoder.layers.0.encoder_attn.k_proj.weight",
-                 "encoder.controller_embed_tokens.weight"):
+                 "encoder.controller_embed_tokens.weight", "decoder.controller_embed_tokens.weight"):
         assert live[name] and live[name] > 0, name
     # With S detached, nothing reaches the controller.
     real = TS.discrete_probs
@@ -188,8 +189,9 @@ def test_controller_learns_only_through_s(hard, monkeypatch):
 
 
 def _tied_two_stream(plain, arch, extra):
-    """A two-stream model whose two streams both hold ``plain``'s weights."""
-    model = build_model(arch, extra)
+    """A two-stream model whose two streams both hold ``plain``'s weights
+    (and one embedding: --share-stream-embeddings)."""
+    model = build_model(arch, [*extra, "--share-stream-embeddings"])
     source = plain.state_dict()
     target = {name: source[name.replace("model_", "")] for name in model.state_dict()}
     model.load_state_dict(target)

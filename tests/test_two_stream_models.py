@@ -326,3 +326,160 @@ def test_classifier_fine_tunes_from_its_masked_lm_checkpoint(arch, classificatio
         assert any(".model_" in n for n in layers)  # the model stream's weights are carried too
     assert max(float((tuned[n].float() - pretrained[n].float()).abs().max()) for n in layers) < 1e-4
     assert "classification_heads.sentence_classification_head.out_proj.weight" in tuned
+
+
+# --- each stream has its own embeddings (thesis Section 4.2) ------------------------
+
+
+def _in_process(arch, tmp_path, extra=()):
+    """(model in training mode with dropout 0, loss function) of ``arch`` on
+    default settings: translation on tiny random tokens; RoBERTa and
+    multiview on the generated arithmetic set (the multiview task; a
+    single-view classifier reads view 0)."""
+    from fairseq import options, tasks
+    from helpers import build_model, random_tokens, tiny_dictionary
+
+    import fairseq_dnas.plugin  # noqa: F401
+
+    if arch.startswith("transformer"):
+        model = build_model(arch, list(extra)).train()
+        d = tiny_dictionary()
+        src, prev = random_tokens([6, 4], 6, d), random_tokens([5, 5], 5, d, seed=2)
+        return model, lambda: model(src, torch.tensor([6, 4]), prev)[0].log_softmax(-1).sum()
+    data = write_multiview(tmp_path / "data", sizes=(("train", 60), ("valid", 6)))
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(data), "--arch", arch, *MULTIVIEW_TRAIN, "--dropout", "0",
+                                                "--attention-dropout", "0", *extra])
+    task = tasks.setup_task(args)
+    task.load_dataset("valid")
+    model = task.build_model(args).train()
+    criterion = task.build_criterion(args)
+    sample = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(6)])
+    if "multiview" in arch:
+        return model, lambda: criterion(model, sample)[0]
+    head = "sentence_classification_head"
+    return model, lambda: model(**sample["net_input"], classification_head_name=head)[0].log_softmax(-1).sum()
+
+
+def _is_controller(name):
+    """The controller's parameters: the layers' fairseq-named ones (the
+    model stream's are ``model_*``) and its own embeddings ``controller_*``."""
+    return (".layers." in name and ".model_" not in name) or ".controller_" in name
+
+
+def _gradients_through_s(model, loss_fn, params):
+    """(d loss / d p, the same through S alone) for each p of ``params``:
+    d loss / d S_l at every attention's S (read at its attention_tap), then
+    sum_l (d loss / d S_l) . (d S_l / d p). Exact for the Gumbel sampler,
+    whose S_l no other S depends on (the controller's states are computed
+    from A, not S)."""
+    from fairseq_dnas.modules.two_stream import AttentionTap
+
+    samples = []
+    handles = [m.register_forward_hook(lambda mod, args, out: samples.append(args[1]))
+               for m in model.modules() if isinstance(m, AttentionTap)]
+    try:
+        torch.manual_seed(3)
+        loss = loss_fn()
+    finally:
+        for h in handles:
+            h.remove()
+    full = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    d_s = torch.autograd.grad(loss, samples, retain_graph=True, allow_unused=True)
+    d_s = [torch.zeros_like(s) if g is None else g for s, g in zip(samples, d_s)]
+    through_s = torch.autograd.grad(samples, params, grad_outputs=d_s, allow_unused=True)
+    zero = lambda g, p: torch.zeros_like(p) if g is None else g  # noqa: E731
+    return [zero(g, p) for g, p in zip(full, params)], [zero(g, p) for g, p in zip(through_s, params)]
+
+
+@pytest.mark.parametrize("arch", ["transformer_discrete_tiny", "roberta_discrete_thesis",
+                                  "roberta_discrete_multiview_thesis"])
+def test_on_default_settings_the_controller_learns_only_through_s(arch, tmp_path):
+    """Every controller parameter's gradient (its embeddings included) is
+    its gradient through S alone, on default settings; with
+    --share-stream-embeddings the shared token embeddings also reach the
+    loss through h (so the two differ: the test can fail)."""
+    model, loss_fn = _in_process(arch, tmp_path)
+    named = [(n, p) for n, p in model.named_parameters() if _is_controller(n)]
+    assert any("controller_embed_tokens" in n for n, _ in named)
+    if arch.startswith("roberta"):  # learned positions, embedding LayerNorm (translation: sinusoidal, none)
+        assert any("controller_embed_positions" in n for n, _ in named)
+        assert any("controller_layernorm_embedding" in n for n, _ in named)
+    full, through_s = _gradients_through_s(model, loss_fn, [p for _, p in named])
+    for (name, _), a, b in zip(named, full, through_s):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=name)
+    live = {n for (n, _), a in zip(named, full) if a.abs().sum() > 0}
+    assert any("controller_embed_tokens" in n for n in live) and any("q_proj" in n for n in live)
+
+    shared, loss_fn = _in_process(arch, tmp_path / "shared", ["--share-stream-embeddings"])
+    assert not any(".controller_" in n for n, _ in shared.named_parameters())
+    embed = shared.encoder.sentence_encoder.embed_tokens if arch.startswith("roberta") else shared.encoder.embed_tokens
+    (full,), (through_s,) = _gradients_through_s(shared, loss_fn, [embed.weight])
+    assert through_s.abs().sum() > 0 and not torch.allclose(full, through_s, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["transformer_discrete_tiny", "transformer_two_stream_tiny", "roberta_discrete_thesis",
+                                  "roberta_two_stream_thesis", "roberta_discrete_multiview_thesis",
+                                  "roberta_two_stream_multiview_thesis"])
+def test_no_controller_parameter_is_a_model_stream_parameter(arch, tmp_path):
+    """On default settings, no tensor is both a controller parameter and a
+    model-stream one (shared modules appear under several names); the
+    multiview views share the model stream and not their controllers."""
+    model, _ = _in_process(arch, tmp_path)
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for group in names.values():
+        kinds = {_is_controller(n) for n in group}
+        assert len(kinds) == 1, group
+    if "multiview" in arch:
+        views = [model.encoder.sentence_encoder, model.encoder.second_view_encoder]
+        assert views[0].embed_tokens is views[1].embed_tokens
+        assert views[0].layers[0].model_fc1 is views[1].layers[0].model_fc1
+        for name in ("controller_embed_tokens", "controller_embed_positions", "controller_layernorm_embedding"):
+            assert getattr(views[0], name) is not getattr(views[1], name), name
+
+
+def test_a_checkpoint_with_shared_stream_embeddings_loads_and_computes_the_same(tmp_path):
+    """A state dict from before the streams had their own embeddings (no
+    controller_* entries) loads into the default model (the controller's
+    copied from the model stream's) and computes what the shared model computes."""
+    shared, loss_shared = _in_process("roberta_discrete_thesis", tmp_path / "a", ["--share-stream-embeddings"])
+    own, loss_own = _in_process("roberta_discrete_thesis", tmp_path / "b")
+    state = shared.state_dict()
+    assert not any(".controller_" in k for k in state)
+    own.load_state_dict(state)  # fairseq's load_state_dict upgrades the state dict first
+    shared.eval(), own.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loss_own(), loss_shared(), atol=1e-6, rtol=1e-6)
+
+
+def test_multiview_penalty_criterion_sums_both_views_fields(tmp_path):
+    """--criterion sentence_prediction_multiview_rf_penalty: the penalty reads
+    each view's encoder on its own tokens at <s>; P_b sums the two views
+    (each at least 1, <s> itself), and the loss gains C * sum_b P_b *
+    sample_size / nsentences over the multiview criterion's own."""
+    from fairseq import options, tasks
+
+    from fairseq_dnas.criterions import receptive_field_penalty as RFC
+
+    data = write_multiview(tmp_path / "data", sizes=(("train", 60), ("valid", 6)))
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(data), "--arch", "roberta_discrete_multiview_thesis",
+                                                *MULTIVIEW_TRAIN, "--dropout", "0", "--attention-dropout", "0",
+                                                "--criterion", "sentence_prediction_multiview_rf_penalty",
+                                                "--receptive-field-penalty", "0.5"])
+    task = tasks.setup_task(args)
+    task.load_dataset("valid")
+    model = task.build_model(args).train()
+    criterion = task.build_criterion(args)
+    assert type(criterion.base).__name__ == "SentencePredictionMultiviewCriterion"
+    sample = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(6)])
+    stacks = RFC.penalty_stacks(model, sample, classification=True)
+    assert [s[1] is sample[k]["src_tokens"] for s, k in zip(stacks, ("net_input", "net_input1"))] == [True, True]
+    loss, size, log = criterion(model, sample)
+    assert log["rf_nsentences"] == 6 and 2 * 6 <= log["receptive_field_penalty"] <= 2 * 6 * 64
+    torch.testing.assert_close(loss.detach(), log["loss"] + 0.5 * log["receptive_field_penalty"] * size / 6,
+                               atol=1e-4, rtol=0)
+    model.eval()
+    assert "receptive_field_penalty" not in criterion(model, sample)[2]  # validation: the base criterion alone

@@ -9,11 +9,18 @@ token ``<s>`` and ``</s>`` are left out as positions but count as queries):
 - attention a_j = sum over layers l, heads h and real queries i of
   p^{l,h}_{ij}, the attention probability query i gives key j
   (``attention_received``);
-- importance g_j = || d y_hat / d e_j ||_2, y_hat the probability of the
-  predicted class and e_j the token embedding of position j as it enters the
-  encoder (the output of ``embed_tokens``); ``grad-x-input`` gives
-  | sum_d (d y_hat / d e_jd) e_jd |, the form of Jain & Wallace's code
-  (``importance``);
+- importance g_j = || d y_hat / d h0_j ||_2 (thesis Section 5.4), y_hat the
+  probability of the predicted class and h0_j the input of the first encoder
+  layer at position j: the token embedding (times ``embed_scale``) plus the
+  position embedding, after the embedding LayerNorm where the encoder has one
+  (RoBERTa), before dropout (the identity in eval mode). In a two-stream
+  encoder h0 is the model stream's input (the stream the prediction reads).
+  ``grad-x-input`` gives | sum_d (d y_hat / d h0_jd) h0_jd |, the form of Jain
+  & Wallace's code (``importance``). ``at='embed_tokens'`` takes both at the
+  output of ``embed_tokens`` instead (the token embedding e_j alone, before
+  the scale, the positions and the LayerNorm; Jain & Wallace's point): the
+  LayerNorm divides each position by its own standard deviation and
+  projects, so norms and rankings differ from h0's;
 - tau = Kendall's tau-b between a and g (``kendall_tau``); an example with
   fewer than 2 real tokens, or with a constant a or g, has no tau (None).
 
@@ -46,6 +53,7 @@ from fairseq_dnas.analysis import receptive_field as RF
 from fairseq_dnas.analysis.capture import EncoderAttention, encoder_stack
 
 IMPORTANCE_FORMS = ("grad", "grad-x-input")
+IMPORTANCE_POINTS = ("h0", "embed_tokens")  # where the gradient is taken: the thesis's h0 (default)
 HEAD_POSITION = 0  # fairseq's classification head reads the first token (<s>)
 ATTENTION_STREAMS = ("model", "controller")
 
@@ -138,9 +146,47 @@ class _KeepEmbedding:
         self.value = output.detach().requires_grad_(True)
         return self.value
 
+    def batch_first(self, x: Tensor) -> Tensor:
+        return x  # embed_tokens gives (B, T, C)
+
+
+class _KeepFirstLayerInput:
+    """Forward pre-hook on the encoder's first layer: its input h0 (T, B, C),
+    made a leaf of its own. fairseq's encoder calls ``layer(x, ...)``; a
+    two-stream layer is called ``layer(g, h, ...)`` and h0 is the model
+    stream's h (the layer's ``model_stream_input`` = 1). Only the first call
+    of a forward is kept."""
+
+    def __init__(self, stream: int):
+        self.value = None
+        self.stream = stream
+
+    def __call__(self, module, args):
+        if self.value is not None:
+            return None
+        self.value = args[self.stream].detach().requires_grad_(True)
+        return args[:self.stream] + (self.value,) + args[self.stream + 1:]
+
+    def batch_first(self, x: Tensor) -> Tensor:
+        return x.transpose(0, 1)  # (T, B, C) -> (B, T, C)
+
+
+def _hook_importance_point(enc, at: str, only: Optional[Tensor] = None):
+    """(hook, handle): the hook keeps the tensor the importance is taken at,
+    h0 (the first layer's input) or the output of ``embed_tokens``; remove
+    the handle after the backward."""
+    if at == "h0":
+        first = enc.layers[0]
+        keep = _KeepFirstLayerInput(getattr(first, "model_stream_input", 0))
+        return keep, first.register_forward_pre_hook(keep)
+    if at == "embed_tokens":
+        keep = _KeepEmbedding(only=only)
+        return keep, enc.embed_tokens.register_forward_hook(keep)
+    raise ValueError(f"importance point {at!r}: choose one of {', '.join(IMPORTANCE_POINTS)}")
+
 
 def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
-                  attention: str = "model") -> dict:
+                  attention: str = "model", at: str = "h0") -> dict:
     """The metric's inputs for a right-padded batch (B, T) of a
     sentence_prediction model in eval mode, one forward and one backward:
 
@@ -149,15 +195,15 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
      'importance': {form: (B, T) g_j for each of IMPORTANCE_FORMS},
      'receptive_field': (L, B, T) bool, the field of position 0 after every
      layer, for a discrete encoder (else None)}
-    (a_j and g_j are 0 outside the real positions).
+    (a_j and g_j are 0 outside the real positions). ``at``: where the
+    gradient is taken, 'h0' (the thesis's) or 'embed_tokens'.
     """
     if model.training:
         raise ValueError("the model is in training mode; call model.eval() (no dropout)")
     enc = encoder_stack(model)
     padding = tokens.eq(enc.padding_idx)
     special = special_positions(tokens, padding, init_token)
-    keep = _KeepEmbedding()
-    handle = enc.embed_tokens.register_forward_hook(keep)
+    keep, handle = _hook_importance_point(enc, at)
     try:
         with EncoderAttention(model) as rec, torch.enable_grad():
             logits, _ = model(tokens, features_only=True, classification_head_name=head)
@@ -165,14 +211,14 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
             prediction = probs.argmax(-1)
             y_hat = probs.gather(1, prediction[:, None]).squeeze(1)
             # One backward for the batch: examples do not interact, so the
-            # gradient of sum_b y_hat_b at example b's e is d y_hat_b / d e.
+            # gradient of sum_b y_hat_b at example b's h0 is d y_hat_b / d h0.
             (grad,) = torch.autograd.grad(y_hat.sum(), keep.value)
     finally:
         handle.remove()
     (layers,) = rec.calls  # one forward
     a = attention_received([pick_stream(named, attention) for named in layers], padding, special)
     real = real_positions(padding, special)
-    e = keep.value.detach()
+    e, grad = keep.batch_first(keep.value.detach()), keep.batch_first(grad)  # (B, T, C)
     field = None
     if RF.is_discrete_encoder(model):  # the values reach h through the model stream's S
         samples = [pick_stream(named, "model") for named in layers]
@@ -185,7 +231,7 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
 
 
 def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor,
-                              target: Tensor, attention: str = "model") -> dict:
+                              target: Tensor, attention: str = "model", at: str = "h0") -> dict:
     """The translation form of the metric for a batch of (source, hypothesis)
     pairs of an encoder-decoder model in eval mode, one teacher-forced
     forward and one backward:
@@ -193,8 +239,11 @@ def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, pr
     - y_hat = log p(y | x) = sum_t log p(y_t | y_<t, x), the log-probability
       of the hypothesis y (``target``, ``</s>`` included; the generator's own
       output, so the model explains its decision), teacher-forced;
-    - importance g_j of source position j from d y_hat / d e_j, e_j the source
-      token embedding (the output of the encoder's ``embed_tokens``);
+    - importance g_j of source position j from d y_hat / d h0_j, h0_j the
+      input of the encoder's first layer (as in ``explain_batch``; with
+      ``at='embed_tokens'`` the output of the encoder's ``embed_tokens``, at
+      the call on the source tokens only: a table shared with the decoder
+      also embeds the target);
     - two attentions a_j over the source: 'encoder', the encoder
       self-attention received (sum over encoder layers, heads and real source
       queries, ``</s>`` included as a query), and 'cross', the decoder
@@ -214,8 +263,7 @@ def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, pr
     padding = src_tokens.eq(enc.padding_idx)
     special = src_tokens.eq(enc.dictionary.eos())
     target_padding = target.eq(model.decoder.padding_idx)
-    keep = _KeepEmbedding(only=src_tokens)
-    handle = enc.embed_tokens.register_forward_hook(keep)
+    keep, handle = _hook_importance_point(enc, at, only=src_tokens)
     try:
         with EncoderAttention(model) as self_rec, EncoderAttention(model, "decoder_cross") as cross_rec, \
                 torch.enable_grad():
@@ -224,13 +272,13 @@ def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, pr
             token_lp = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
             y_hat = token_lp.masked_fill(target_padding, 0.0).sum(1)
             # One backward for the batch: pairs do not interact (padding is
-            # masked in every attention), so d(sum_b y_hat_b)/d e_b = d y_hat_b/d e_b.
+            # masked in every attention), so d(sum_b y_hat_b)/d h0_b = d y_hat_b/d h0_b.
             (grad,) = torch.autograd.grad(y_hat.sum(), keep.value)
     finally:
         handle.remove()
     (enc_layers,), (cross_layers,) = self_rec.calls, cross_rec.calls  # one forward each
     real = real_positions(padding, special)
-    e = keep.value.detach()
+    e, grad = keep.batch_first(keep.value.detach()), keep.batch_first(grad)  # (B, T_s, C)
     return {
         "logprob": y_hat.detach(), "real": real,
         "attention": {

@@ -27,7 +27,9 @@ field here (rows and columns).
 (s^l = min(s^{l-1} + (sum_h S^{l,h}) s^{l-1}, 1), the appendix's
 differentiable form, summed over heads), which gives R^l exactly on one-hot
 input; ``receptive_field_penalty`` is the training regularizer built on it
-(docs/math.md). Pure functions on tensors; nothing here imports fairseq.
+(docs/math.md). Both live in ``fairseq_dnas.attention.receptive_field``,
+beside the discrete attention, and are re-exported here. Pure functions on
+tensors; nothing here imports fairseq.
 """
 
 from typing import List, Optional, Sequence
@@ -35,12 +37,14 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-
-def _real(padding: Optional[Tensor], batch: int, length: int, device) -> Tensor:
-    """(B, T) True at real (not padded) positions."""
-    if padding is None:
-        return torch.ones(batch, length, dtype=torch.bool, device=device)
-    return ~padding.bool()
+# The soft recursion and the training penalty live beside the discrete
+# attention they differentiate; re-exported here with the hard fields.
+from fairseq_dnas.attention.receptive_field import (  # noqa: F401
+    PENALTY_LAYERS,
+    receptive_field_penalty,
+    soft_receptive_fields,
+)
+from fairseq_dnas.attention.receptive_field import real_positions as _real_positions
 
 
 def is_discrete_encoder(model) -> bool:
@@ -62,7 +66,7 @@ def attention_graph(sample: Tensor, padding: Optional[Tensor] = None) -> Tensor:
     padding: (B, T) bool, True at padding.
     """
     g = (sample > 0).any(dim=0)
-    real = _real(padding, g.size(0), g.size(1), g.device)
+    real = _real_positions(padding, g.size(0), g.size(1), g.device)
     return g & real[:, :, None] & real[:, None, :]
 
 
@@ -72,7 +76,7 @@ def receptive_fields(samples: Sequence[Tensor], padding: Optional[Tensor] = None
     attention ``samples`` (each (H, B, T, T)); padding left out."""
     first = samples[0]
     batch, length = first.size(1), first.size(2)
-    real = _real(padding, batch, length, first.device)
+    real = _real_positions(padding, batch, length, first.device)
     r = torch.eye(length, dtype=torch.bool, device=first.device).expand(batch, length, length)
     r = r & real[:, :, None]  # R^0 = I on the real positions
     fields = []
@@ -94,54 +98,3 @@ def field_of(fields: Sequence[Tensor], position: int = 0) -> Tensor:
     """(L, B, T) bool: the receptive field of one position (the classification
     head reads position 0, ``<s>``) after every layer."""
     return torch.stack([f[:, position, :] for f in fields])
-
-
-def soft_receptive_fields(samples: Sequence[Tensor], padding: Optional[Tensor] = None) -> List[Tensor]:
-    """[s^1, ..., s^L], each (B, T, T) in [0, 1], differentiable in the samples:
-
-        s^0 = I,   s^l = min(s^{l-1} + Z^l s^{l-1}, 1),   Z^l = sum_h S^{l,h}
-
-    (the appendix's recursion, with z summed over heads). On one-hot samples
-    s^l is R^l as 0/1 (sums of 0/1 terms, then min(., 1)). Padded rows and
-    columns are 0. samples: (H, B, T, T) per layer, bottom first."""
-    first = samples[0]
-    batch, length = first.size(1), first.size(2)
-    real = _real(padding, batch, length, first.device).to(first.dtype)
-    mask = real[:, :, None] * real[:, None, :]  # (B, T, T): real query and key
-    s = torch.eye(length, dtype=first.dtype, device=first.device) * mask
-    fields = []
-    for sample in samples:
-        z = sample.sum(dim=0) * mask  # Z^l, union over heads as a sum (clamped below)
-        s = torch.clamp(s + torch.bmm(z, s), max=1.0)  # s^l = min(s^{l-1} + Z^l s^{l-1}, 1)
-        fields.append(s)
-    return fields
-
-
-PENALTY_LAYERS = ("final", "all")
-
-
-def receptive_field_penalty(samples: Sequence[Tensor], padding: Optional[Tensor] = None,
-                            readers: Optional[Tensor] = None, layers: str = "final") -> Tensor:
-    """(B,) per sentence, the mean over the positions the loss reads of the
-    soft size of their receptive field after the final layer (the thesis's),
-    or with ``layers='all'`` the mean of that over the layers:
-
-        final: P_b = (1 / |Q_b|) sum_{i in Q_b} sum_j s^L_{b,ij}
-        all:   P_b = (1 / L) sum_l (1 / |Q_b|) sum_{i in Q_b} sum_j s^l_{b,ij}
-
-    samples: relaxed samples (H, B, T, T) per layer, bottom first;
-    readers: (B, T) bool, Q (default: every real position). With one reader
-    (a classifier's ``<s>``) the final form is the union sum_j min(sum_{i in Q} s_ij, 1)
-    (each s_ij <= 1); over every real position that union is the constant T
-    (s_jj = 1), hence the mean of the sizes (docs/math.md). Where every
-    s^L_ij has reached 1 the final form's gradient is 0 (the min), hence 'all'.
-    """
-    if layers not in PENALTY_LAYERS:
-        raise ValueError(f"layers {layers!r}: choose one of {', '.join(PENALTY_LAYERS)}")
-    fields = soft_receptive_fields(samples, padding)
-    first = samples[0]
-    real = _real(padding, first.size(1), first.size(2), first.device)
-    q = (real if readers is None else readers.bool() & real).to(first.dtype)
-    used = fields[-1:] if layers == "final" else fields
-    sizes = sum(s.sum(dim=-1) for s in used) / len(used)  # (B, T): sum_j s^l_ij, averaged over layers
-    return (sizes * q).sum(dim=-1) / q.sum(dim=-1).clamp(min=1.0)

@@ -9,10 +9,10 @@ single-stream and the two-stream architectures.
     --discrete-sampler {gumbel,soft}  gumbel: the discrete model; soft: S = A = softmax(L)
                                     (then the single-stream model is fairseq's transformer)
     --sinkhorn-iters N              DNAS rounds, with --discrete-scheme dnas only
-    --receptive-field-penalty C     C times the soft receptive-field size in the loss (the thesis's
-                                    appendix; 0 = off; ``receptive_field_penalty``)
-    --receptive-field-layers {final,all}  the fields after the final layer (the thesis's) or their
-                                    mean over layers
+
+The receptive-field penalty of the thesis's appendix is a criterion, not a
+model flag: ``--criterion <base>_rf_penalty --receptive-field-penalty C``
+(``fairseq_dnas.criterions.receptive_field_penalty``).
 
 Defaults are set by ``discrete_defaults`` (called by the architecture
 functions, as fairseq sets defaults); ``validate_discrete_args`` raises a
@@ -25,16 +25,7 @@ from fairseq.utils import safe_getattr
 
 from fairseq_dnas.attention.discrete import DISCRETE_SCHEMES, SAMPLERS, GumbelSchedule, check_temperature
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
-from fairseq_dnas.analysis.receptive_field import PENALTY_LAYERS
 from fairseq_dnas.errors import BadFlag
-from fairseq_dnas.models.receptive_field_penalty import (
-    LAYERS_FLAG,
-    LAYERS_HELP,
-    PENALTY_FLAG,
-    PENALTY_HELP,
-    attach_to_task,
-    check_penalty,
-)
 
 TEMPERATURE_METRIC = "gumbel_tau"
 
@@ -60,8 +51,6 @@ FLAGS = (
     ("--sinkhorn-iters", dict(
         type=int, metavar="N",
         help="column/row normalization rounds of --discrete-scheme dnas (1 = Ding et al.'s DNAS)")),
-    (PENALTY_FLAG, dict(type=float, metavar="FLOAT", help=PENALTY_HELP)),
-    (LAYERS_FLAG, dict(choices=PENALTY_LAYERS, help=LAYERS_HELP)),
 )
 
 
@@ -82,8 +71,6 @@ def discrete_defaults(args, sampler: str = "gumbel") -> None:
     args.discrete_scheme = safe_getattr(args, "discrete_scheme", "unas")
     args.discrete_sampler = safe_getattr(args, "discrete_sampler", sampler)
     args.sinkhorn_iters = safe_getattr(args, "sinkhorn_iters", 1)
-    args.receptive_field_penalty = safe_getattr(args, "receptive_field_penalty", 0.0)
-    args.receptive_field_layers = safe_getattr(args, "receptive_field_layers", "final")
 
 
 def validate_discrete_args(args) -> None:
@@ -112,7 +99,6 @@ def validate_discrete_args(args) -> None:
         check_sinkhorn_iters(args.sinkhorn_iters)
     except ValueError:
         raise BadFlag(f"--sinkhorn-iters must be an integer >= 1; got {args.sinkhorn_iters!r}") from None
-    check_penalty(args.receptive_field_penalty, args.receptive_field_layers)
     if args.sinkhorn_iters > 1 and args.discrete_scheme != "dnas":
         raise BadFlag(
             f"--sinkhorn-iters {args.sinkhorn_iters} only changes --discrete-scheme dnas; "
@@ -130,13 +116,11 @@ def temperature_at(args, num_updates: int) -> float:
 def build_discrete_model(build, args, task, defaults, validate):
     """The translation models' ``build_model``: ``defaults(args)`` (args that
     come without an --arch: hub, old configs), ``validate(args)`` (BadFlag),
-    ``build(args, task)`` (fairseq's), then tau at update 0 and the
-    receptive-field penalty's criterion hook."""
+    ``build(args, task)`` (fairseq's), then tau at update 0."""
     defaults(args)
     validate(args)
     model = build(args, task)
     apply_temperature(model, args, 0, log=False)
-    attach_to_task(task, args)
     return model
 
 

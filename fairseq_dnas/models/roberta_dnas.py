@@ -119,6 +119,20 @@ def bert_paper_architecture(args):
 # fairseq's own roberta at the small size: the UNAS baseline of the recipe.
 register_model_architecture("roberta", "roberta_small")(small_architecture)
 
+
+def thesis_architecture(args):
+    """The thesis's classifier (Section 5.3): 6 layers, d_model 64, d_ff 128,
+    4 heads; RoBERTa's other settings (post-norm, GELU, 512 positions)."""
+    sizes = dict(encoder_layers=6, encoder_embed_dim=64, encoder_ffn_embed_dim=128, encoder_attention_heads=4)
+    for name, value in sizes.items():  # unless set on the command line
+        setattr(args, name, safe_getattr(args, name, value))
+    base_architecture(args)
+
+
+# fairseq's own roberta at the thesis's size: the TRANSFORMER baseline of Section 6.1.
+register_model_architecture("roberta", "roberta_thesis")(thesis_architecture)
+
+
 PRESETS = {
     "": base_architecture,
     "base": base_architecture,

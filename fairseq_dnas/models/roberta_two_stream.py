@@ -8,8 +8,9 @@ first, a head on the model stream h at that token) with a two-stream encoder
 - ``roberta_two_stream``: the soft variant (S = A);
 - ``roberta_two_stream_multiview`` / ``roberta_discrete_multiview``: the
   thesis's multiview model (Section 5.3, Table 6.5): two controllers, one per
-  view, share one model stream (and the token embeddings); one
-  classification head per view; trained with ``--task
+  view, share one model stream (and its embeddings); each controller has its
+  own embeddings unless ``--share-stream-embeddings``; one classification
+  head per view; trained with ``--task
   sentence_prediction_multiview`` (``fairseq_dnas.tasks.sentence_prediction_multiview``).
 
 Each with ``_small`` (the recipe's CPU size) and ``_thesis`` (6 layers, 64
@@ -31,9 +32,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
 from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.models.discrete_args import apply_temperature
-from fairseq_dnas.models.receptive_field_penalty import RobertaPenaltyMixin, attach_to_task
-from fairseq_dnas.models.roberta_discrete import thesis_architecture
-from fairseq_dnas.models.roberta_dnas import build_roberta, small_architecture
+from fairseq_dnas.models.roberta_dnas import build_roberta, small_architecture, thesis_architecture
 from fairseq_dnas.models.transformer_two_stream import (
     TwoStreamModelMixin,
     add_two_stream_args,
@@ -51,8 +50,8 @@ class TwoStreamRobertaEncoder(RobertaEncoder):
     and the classification heads read the model stream."""
 
     def build_encoder(self, args, dictionary, embed_tokens):
-        controller = None
-        if args.untie_stream_embeddings:
+        controller = None  # --share-stream-embeddings: the controller reads the model stream's embedding
+        if not args.share_stream_embeddings:  # its own first layer (thesis Section 4.2)
             controller = self.build_embedding(len(dictionary), args.encoder_embed_dim, dictionary.pad())
         encoder = TwoStreamEncoder(TransformerConfig.from_namespace(args), dictionary, embed_tokens,
                                    controller_embed_tokens=controller)
@@ -62,8 +61,9 @@ class TwoStreamRobertaEncoder(RobertaEncoder):
 
 class MultiviewRobertaEncoder(TwoStreamRobertaEncoder):
     """Two view encoders: ``sentence_encoder`` (view 0) and
-    ``second_view_encoder`` (view 1) with their own controllers and the same
-    model stream modules (``share_model_stream``). ``view=`` picks one."""
+    ``second_view_encoder`` (view 1) with their own controllers (layers and,
+    by default, embeddings) and the same model stream modules
+    (``share_model_stream``). ``view=`` picks one."""
 
     def __init__(self, args, dictionary):
         super().__init__(args, dictionary)
@@ -92,12 +92,11 @@ def _build(cls, args, task, encoder_cls):
 
     model = build_roberta(cls, args, task, encoder_cls, defaults, validate_two_stream_args)
     apply_temperature(model, args, 0, log=False)
-    attach_to_task(task, args)
     return model
 
 
 @register_model("roberta_two_stream")
-class RobertaTwoStreamModel(RobertaPenaltyMixin, TwoStreamModelMixin, RobertaModel):
+class RobertaTwoStreamModel(TwoStreamModelMixin, RobertaModel):
     """fairseq's RoBERTa with a two-stream encoder."""
 
     @staticmethod

@@ -1,5 +1,5 @@
 """``transformer_discrete`` / ``transformer_two_stream``: the two-stream
-encoder-decoder Transformer (J. Kinley, 2020, Sections 4.1 and 5.3): a
+encoder-decoder Transformer (J. Kinley, 2020, Sections 4.2 and 5.3): a
 controller stream decides where each position attends, a model stream
 carries the representations, and the output projection reads the model
 stream. ``transformer_discrete`` samples the model stream's attention S from
@@ -10,14 +10,22 @@ the controller's logits (Gumbel-softmax in training, argmax at inference);
 
 Flags: ``--gumbel-temperature``, ``--gumbel-hard``, ``--gumbel-anneal``,
 ``--discrete-scheme`` (dnas: encoder self-attention only), ``--discrete-sampler``
-(``fairseq_dnas.models.discrete_args``), and ``--untie-stream-embeddings``
-(the controller gets its own token embeddings; by default the streams share
-them).
+(``fairseq_dnas.models.discrete_args``), and ``--share-stream-embeddings``.
+By default each stream has its own first layer of word embeddings (thesis
+Section 4.2): the controller has its own token embeddings, positions and
+embedding LayerNorm in the encoder and in the decoder, so it learns only
+through S; ``--share-stream-embeddings`` makes the controller start from the
+model stream's embedding (g^0 = h^0; the shared embeddings then also learn
+through the controller).
 """
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
-from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    tiny_architecture,
+    transformer_iwslt_de_en,
+)
 from fairseq.utils import safe_getattr
 
 from fairseq_dnas.errors import BadFlag
@@ -28,7 +36,6 @@ from fairseq_dnas.models.discrete_args import (
     discrete_defaults,
     validate_discrete_args,
 )
-from fairseq_dnas.models.receptive_field_penalty import TranslationPenaltyMixin
 from fairseq_dnas.modules.two_stream import TwoStreamAttention, TwoStreamDecoder, TwoStreamEncoder
 
 
@@ -36,19 +43,23 @@ def add_two_stream_args(parser) -> None:
     """The discrete flags and the two-stream ones (transformer and RoBERTa)."""
     add_discrete_args(parser)
     parser.add_argument(
-        "--untie-stream-embeddings", action="store_true",
-        help="give the controller stream its own token embeddings (default: the two streams share them)",
+        "--share-stream-embeddings", action="store_true",
+        help="the controller stream reads the model stream's embedding (token embeddings, positions, embedding "
+             "LayerNorm) instead of its own (default: each stream has its own, thesis Section 4.2)",
     )
 
 
 def two_stream_defaults(args, sampler: str) -> None:
     discrete_defaults(args, sampler=sampler)
-    args.untie_stream_embeddings = safe_getattr(args, "untie_stream_embeddings", False)
+    args.share_stream_embeddings = safe_getattr(args, "share_stream_embeddings", False)
 
 
 def validate_two_stream_args(args) -> None:
     """One-line BadFlag for settings the two-stream models cannot run."""
     validate_discrete_args(args)
+    if safe_getattr(args, "quant_noise_pq", 0) > 0 and not args.share_stream_embeddings:
+        raise BadFlag("--quant-noise-pq applies one embedding noise layer to both streams; "
+                      "add --share-stream-embeddings or drop --quant-noise-pq")
     if safe_getattr(args, "checkpoint_activations", False):
         raise BadFlag("--checkpoint-activations is not supported by the two-stream models; drop it")
     for side in ("encoder", "decoder"):
@@ -80,7 +91,7 @@ class TwoStreamModelMixin:
 
 
 @register_model("transformer_two_stream")
-class TransformerTwoStreamModel(TranslationPenaltyMixin, TwoStreamModelMixin, TransformerModel):
+class TransformerTwoStreamModel(TwoStreamModelMixin, TransformerModel):
     """fairseq's Transformer with a two-stream encoder and decoder."""
 
     @staticmethod
@@ -95,7 +106,8 @@ class TransformerTwoStreamModel(TranslationPenaltyMixin, TwoStreamModelMixin, Tr
 
     @classmethod
     def _controller_embedding(cls, args, dictionary, dim):
-        if not args.untie_stream_embeddings:
+        """The controller's token embeddings (its own table), or None with --share-stream-embeddings."""
+        if args.share_stream_embeddings:
             return None
         return cls.build_embedding(args, dictionary, dim)
 
@@ -118,17 +130,6 @@ class TransformerTwoStreamModel(TranslationPenaltyMixin, TwoStreamModelMixin, Tr
 # --- architectures -----------------------------------------------------------
 
 
-def tiny_architecture(args):
-    """CPU size: 2 + 2 layers, 64 wide, FFN 128, 4 heads (the thesis's
-    classification width, Section 5.3)."""
-    for side in ("encoder", "decoder"):
-        setattr(args, f"{side}_layers", safe_getattr(args, f"{side}_layers", 2))
-        setattr(args, f"{side}_embed_dim", safe_getattr(args, f"{side}_embed_dim", 64))
-        setattr(args, f"{side}_ffn_embed_dim", safe_getattr(args, f"{side}_ffn_embed_dim", 128))
-        setattr(args, f"{side}_attention_heads", safe_getattr(args, f"{side}_attention_heads", 4))
-    base_architecture(args)
-
-
 def register_sized(model, name, sampler, presets) -> None:
     """Register ``{name}{suffix}`` for each (suffix, sizes) of ``presets``
     under ``model``: the two-stream defaults with S from ``sampler``, then the sizes."""
@@ -144,7 +145,9 @@ def register_sized(model, name, sampler, presets) -> None:
 
 
 # ``{name}``, ``{name}_iwslt_de_en`` (fairseq's transformer_iwslt_de_en: the
-# thesis's IWSLT model, 512 wide, FFN 1,024, 6 + 6 layers, 4 heads) and ``{name}_tiny``.
+# thesis's IWSLT model, 512 wide, FFN 1,024, 6 + 6 layers, 4 heads) and
+# ``{name}_tiny`` (fairseq's transformer_tiny: 2 + 2 layers, 64 wide, FFN 64,
+# 2 heads; a CPU size, the same as transformer_discrete_single_tiny's).
 PRESETS = (("", base_architecture), ("_iwslt_de_en", transformer_iwslt_de_en), ("_tiny", tiny_architecture))
 register_sized("transformer_two_stream", "transformer_discrete", "gumbel", PRESETS)
 register_sized("transformer_two_stream", "transformer_two_stream", "soft", PRESETS)

@@ -31,6 +31,13 @@ IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 class DiscreteMultiheadAttention(MultiheadAttention):
     """Attention with S = discrete_probs(L) in place of softmax(L).
 
+    Attention dropout (``dropout``) acts on softmax attention only: on S =
+    softmax(L) with ``sampler='soft'``, never on a Gumbel sample (the rule of
+    the two-stream module too, docs/math.md): Eq. 4.1's output row is the
+    value at one sampled position, V_{z_i}, and dropping entries of a
+    (nearly) one-hot row would zero or rescale that whole value instead; the
+    sample is already the noise.
+
     Args beyond fairseq's ``MultiheadAttention``:
         sampler: 'gumbel' (the discrete model) or 'soft' (S = softmax(L):
             then this module computes what fairseq's does).
@@ -63,8 +70,8 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         self.sampler, self.discrete_scheme, self.gumbel_hard = sampler, scheme, hard
         self.gumbel_temperature = float(temperature)
         self.sinkhorn_iters = sinkhorn_iters
-        # --receptive-field-penalty: the model asks for the S of each forward
-        # (with its graph) to build the penalty from (``discrete_args``).
+        # The receptive-field penalty (criterions/receptive_field_penalty.py) asks for
+        # the S of each forward, with its graph.
         self.keep_sample = False
         self.kept_sample: Optional[Tensor] = None
 
@@ -177,7 +184,7 @@ class DiscreteMultiheadAttention(MultiheadAttention):
                 tau=self.gumbel_temperature,
                 key_padding_mask=key_padding_mask,
                 attn_mask=attn_mask,
-                dropout_p=self.dropout_module.p,
+                dropout_p=0.0,  # no attention dropout on a Gumbel sample (class docstring)
             )
             out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)  # (B, H, T, D) -> (T, B, C)
             return self.out_proj(out), None
@@ -207,7 +214,9 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         )
         if self.keep_sample:
             self.kept_sample = probs  # (B, H, T_q, T_k), for the receptive-field penalty
-        s = self.dropout_module(probs.to(v.dtype))  # attention dropout on S, as fairseq on softmax(L)
+        s = probs.to(v.dtype)
+        if self.sampler == "soft":
+            s = self.dropout_module(s)  # attention dropout on S = softmax(L), as fairseq's; none on a sample
         if beam == 1:
             out = torch.bmm(s.view(bsz * heads, tgt_len, src_len), v)  # (B * H, T_q, D)
         else:

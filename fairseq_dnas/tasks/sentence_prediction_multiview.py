@@ -44,6 +44,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig as TaskConfig
 from fairseq.tasks.sentence_prediction import SentencePredictionTask
 
+from fairseq_dnas.criterions.receptive_field_penalty import register_penalized
 from fairseq_dnas.errors import BadFile, BadFlag
 from fairseq_dnas.models.roberta_two_stream import view_head_names
 
@@ -155,3 +156,7 @@ class SentencePredictionMultiviewCriterion(SentencePredictionCriterion):
         for view in (0, 1):
             total = sum(log.get(f"loss_view{view}", 0) for log in logging_outputs)
             metrics.log_scalar(f"loss_view{view}", total / nsentences / np.log(2), nsentences, round=3)
+
+
+# --criterion sentence_prediction_multiview_rf_penalty: both views' fields penalized.
+register_penalized("sentence_prediction_multiview")

@@ -31,12 +31,11 @@ from fairseq_dnas.models.discrete_args import (
     discrete_defaults,
     validate_discrete_args,
 )
-from fairseq_dnas.models.receptive_field_penalty import TranslationPenaltyMixin
 from fairseq_dnas.modules.discrete_layers import DiscreteTransformerDecoder, DiscreteTransformerEncoder
 
 
 @register_model("transformer_discrete_single")
-class TransformerDiscreteSingleModel(TranslationPenaltyMixin, TransformerModel):
+class TransformerDiscreteSingleModel(TransformerModel):
     """fairseq's Transformer with discrete attention everywhere.
 
     With ``--discrete-sampler soft`` (S = softmax(L)) it computes what

@@ -1,9 +1,11 @@
 """``roberta_discrete_single``: fairseq's RoBERTa encoder (``--task
 sentence_prediction`` or ``masked_lm``) whose every self-attention is
 discrete, the single-stream discrete Transformer of J. Kinley (2020),
-Section 4.1, as a classifier: a classification token first, a linear head on
-its final state (Section 5.3, "Text Classification"; fairseq's classification
-head does exactly that).
+Section 4.1, as a classifier: a classification token first, a head on its
+final state. The thesis's head is one learned linear layer (Section 5.3,
+"Text Classification"); fairseq's classification head, used here as in
+every ``roberta`` model of the plugin, is dense, tanh, then the output
+projection (with dropout before each linear layer).
 
     fairseq-train DATA --user-dir fairseq_dnas --task sentence_prediction \\
         --arch roberta_discrete_single_thesis --num-classes 2 ...
@@ -17,7 +19,6 @@ swapped, everything else is fairseq's ``RobertaModel``.
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta import RobertaModel
 from fairseq.models.roberta.model import base_architecture
-from fairseq.utils import safe_getattr
 
 from fairseq_dnas.models.discrete_args import (
     add_discrete_args,
@@ -25,8 +26,12 @@ from fairseq_dnas.models.discrete_args import (
     discrete_defaults,
     validate_discrete_args,
 )
-from fairseq_dnas.models.receptive_field_penalty import RobertaPenaltyMixin, attach_to_task
-from fairseq_dnas.models.roberta_dnas import DNASRobertaEncoder, build_roberta, small_architecture
+from fairseq_dnas.models.roberta_dnas import (
+    DNASRobertaEncoder,
+    build_roberta,
+    small_architecture,
+    thesis_architecture,
+)
 from fairseq_dnas.modules.discrete_layers import DiscreteTransformerEncoder
 
 
@@ -37,7 +42,7 @@ class DiscreteRobertaEncoder(DNASRobertaEncoder):
 
 
 @register_model("roberta_discrete_single")
-class RobertaDiscreteSingleModel(RobertaPenaltyMixin, RobertaModel):
+class RobertaDiscreteSingleModel(RobertaModel):
     """fairseq's RoBERTa with discrete self-attention in every layer."""
 
     @staticmethod
@@ -50,7 +55,6 @@ class RobertaDiscreteSingleModel(RobertaPenaltyMixin, RobertaModel):
         model = build_roberta(cls, args, task, DiscreteRobertaEncoder,
                               roberta_discrete_single_architecture, validate_discrete_args)
         apply_temperature(model, args, 0, log=False)
-        attach_to_task(task, args)
         return model
 
     def attention_modules(self):
@@ -64,19 +68,6 @@ class RobertaDiscreteSingleModel(RobertaPenaltyMixin, RobertaModel):
 
 
 # --- architectures -----------------------------------------------------------
-
-
-def thesis_architecture(args):
-    """The thesis's classifier (Section 5.3): 6 layers, d_model 64, d_ff 128,
-    4 heads; RoBERTa's other settings (post-norm, GELU, 512 positions)."""
-    sizes = dict(encoder_layers=6, encoder_embed_dim=64, encoder_ffn_embed_dim=128, encoder_attention_heads=4)
-    for name, value in sizes.items():  # unless set on the command line
-        setattr(args, name, safe_getattr(args, name, value))
-    base_architecture(args)
-
-
-# fairseq's own roberta at the thesis's size: the TRANSFORMER baseline of Section 6.1.
-register_model_architecture("roberta", "roberta_thesis")(thesis_architecture)
 
 
 @register_model_architecture("roberta_discrete_single", "roberta_discrete_single")
