@@ -77,12 +77,14 @@ def attend(
             f"cross-attention ({q.shape[-2]} queries, {k.shape[-2]} keys) with a key padding mask "
             "needs query_padding_mask (B, T_q), all False when no query is padded"
         )
-    choice = selection.choose(q, k, scheme=scheme, sinkhorn_iters=sinkhorn_iters, dropout=dropout_active(dropout),
-                              need_weights=need_weights, path=path)
     if scheme == "unas":
         # The plugin's module hands UNAS to fairseq's own attention; here it is
         # only reached by direct callers (tests, benchmarks): the reference math.
+        selection.requested_path(path)  # a bad path is still an error
         choice = Choice("materialized")
+    else:
+        choice = selection.choose(q, k, scheme=scheme, sinkhorn_iters=sinkhorn_iters,
+                                  dropout=dropout_active(dropout), need_weights=need_weights, path=path)
     chosen = choice.path
     if chosen == "triton":
         args = (q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters)
