@@ -5,8 +5,9 @@ that miscompiles on some GPU or Triton version would silently train a wrong
 model. ``kernels.attend`` therefore asks ``triton_usable`` before it runs the
 kernels on the ``auto`` path. The first time a configuration (``Config``:
 device, dtype, head size, scheme, dropout on/off, Sinkhorn iterations,
-padding on/off, TF32 for float32: everything that selects a different
-compiled kernel) runs in a process, ``compare`` runs the kernels and the
+padding on/off, TF32 for float32, the kernel set ``selection.choose``
+picked: everything that selects a different compiled kernel) runs in a
+process, ``compare`` runs the kernels it is handed and the
 materialized float64 math of ``functional.py`` (an independent computation:
 plain torch, no Triton) on a small fixed input, forward and gradients; with
 dropout both sides use the kernels' own mask (``triton.common.dropout_mask``),
@@ -24,8 +25,9 @@ launch on this GPU, or computes wrong gradients, is caught before the first
 real step; a backward failure only at real sizes remains an error.
 
 Cost: the check runs the kernels the first real call compiles anyway, on a
-(2, 2, 150, D) input: milliseconds once the kernels are compiled. It runs on
-CUDA tensors only (``selection.kernels_by_default``), never when the path is forced
+(2, 2, 150, D) input (the one-tile kernels: T = 100 or 50): milliseconds
+once the kernels are compiled. It runs where ``auto`` takes the kernels
+(``selection.kernels_by_default``: CUDA tensors), never when the path is forced
 (``FAIRSEQ_DNAS_ATTENTION_PATH=triton``: failures stay errors there), never
 during CUDA graph capture or torch.compile tracing, and not at all with
 ``FAIRSEQ_DNAS_TRITON_CHECK=0``. ``python -m fairseq_dnas.check`` runs the same

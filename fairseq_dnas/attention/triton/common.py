@@ -72,8 +72,8 @@ MAX_HEAD_DIM = 128
 #      that the tiles launch on sm_86/sm_89 GPUs too);
 #   3. the largest tile (BLOCK_M x BLOCK_N) that remains.
 # At head size 128 the kv pass has no wgmma tile within the bound (its three
-# (BLOCK_N, D) float32 accumulators: 240 bytes of spills and more), so it
-# stays on mma.sync. float32 (exact products by default: FMA, no tensor
+# (BLOCK_N, D) float32 accumulators spill beyond it; the figures: docs/results/),
+# so it stays on mma.sync. float32 (exact products by default: FMA, no tensor
 # cores) keeps the tiles with no spills at all. These are guesses until
 # timed: benchmarks/triton_tiles.py times candidates on a GPU (also their
 # pipeline stages: a fourth number, STAGES when absent) and writes a file
