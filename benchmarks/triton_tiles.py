@@ -282,7 +282,7 @@ def main(argv=None):
     tmp = Path(args.json).with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, args.json)
-    for key, entry in result[section].items():
+    for key, entry in result["tiles"].items():
         print(f"{key}: {json.dumps(entry)}")
     log(f"wrote {args.json}; use it with {C.TILES_ENV}={args.json}")
     return 0
