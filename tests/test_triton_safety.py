@@ -159,11 +159,19 @@ def _seed(value):
 OTHER_TILES = dict(forward=(32, 32, 1), backward_kv=(16, 64, 1), backward_q=(64, 16, 1), column=(32, 16, 1))
 
 
-def test_dropout_mask_does_not_depend_on_the_tiles():
+def _mask_in_tiles(monkeypatch, seed, shape, p, tile):
+    """``common.dropout_mask`` drawn in (BLOCK_M, BLOCK_N) = ``tile`` (the
+    column pass's entry of the tile table it reads)."""
+    table = common.INTERPRETER_TILES if common.INTERPRETED else common.GPU_TILES["half", 64]
+    monkeypatch.setitem(table, "column", (*tile, *table["column"][2:]))
+    return common.dropout_mask(seed, shape, p)
+
+
+def test_dropout_mask_does_not_depend_on_the_tiles(monkeypatch):
     """The mask is a function of (seed, batch * head, row, key) alone: drawn in
     tiles of 16 x 16, 32 x 64 and 64 x 32 it is the same, rows and heads differ."""
     shape, p = (2, 2, 37, 53), 0.3
-    masks = [common.dropout_mask(_seed(5), shape, p, block=blk) for blk in ((16, 16), (32, 64), (64, 32))]
+    masks = [_mask_in_tiles(monkeypatch, _seed(5), shape, p, blk) for blk in ((16, 16), (32, 64), (64, 32))]
     assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
     m = masks[0]
     assert not torch.equal(m[0, 0], m[0, 1]) and not torch.equal(m[0, 0], m[1, 0])
@@ -329,12 +337,12 @@ def test_dropout_same_mask_in_all_three_kernels_at_two_tile_shapes(scheme, monke
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
-def test_dropout_rate_within_three_standard_errors(p):
+def test_dropout_rate_within_three_standard_errors(p, monkeypatch):
     """Over 2 x 2 x 128 x 256 decisions the drop rate is p_eff = round(256 p) / 256
     within 3 standard errors, overall and at each of the 16 positions a
     Philox call decides (a layout slip would repeat or skip bytes)."""
     shape = (2, 2, 128, 256)
-    keep = common.dropout_mask(_seed(2024), shape, p, block=(64, 64))
+    keep = _mask_in_tiles(monkeypatch, _seed(2024), shape, p, (64, 64))  # large tiles: a fast interpreter
     p_eff = common.effective_dropout_p(p)
     assert abs(p_eff - p) <= 1 / 512
     dropped = (~keep).double()

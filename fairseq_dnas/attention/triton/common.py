@@ -542,17 +542,17 @@ def _dropout_mask_kernel(SEED, KEEP, H, TQ, TK, drop_threshold, BLOCK_M: tl.cons
         tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < TQ) & (offs_n[None, :] < TK))
 
 
-def dropout_mask(seed: Tensor, shape, p: float, block=None) -> Tensor:
+def dropout_mask(seed: Tensor, shape, p: float) -> Tensor:
     """The (B, H, T_q, T_k) keep-mask the kernels draw for ``seed`` and drop
     probability ``p`` (True = kept; kept values are scaled by
-    1 / (1 - ``effective_dropout_p(p)``)): for tests, ``need_weights`` and
-    anyone who wants to replay a dropout pattern. ``block`` (BLOCK_M,
-    BLOCK_N), multiples of 16, changes only the tiles it is drawn in."""
+    1 / (1 - ``effective_dropout_p(p)``)), the same for every kernel set and
+    tile: for the first-use check, tests and anyone who wants to replay a
+    dropout pattern. Drawn in the column pass's tiles."""
     bsz, heads, tq, tk = shape
     if dropout_threshold(p) == 256:  # p = 1: everything dropped (the kernels scale by 0)
         return torch.zeros(shape, dtype=torch.bool, device=seed.device)
     keep = torch.empty(shape, dtype=torch.int8, device=seed.device)
-    bm, bn = block or _tiles("column", 64, torch.float16)[:2]
+    bm, bn = _tiles("column", 64, torch.float16)[:2]
     with on_device(seed):
         _dropout_mask_kernel[grid(tq, bm, bsz, heads)](seed, keep, heads, tq, tk, dropout_threshold(p),
                                                        BLOCK_M=bm, BLOCK_N=bn)
