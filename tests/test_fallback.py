@@ -115,7 +115,7 @@ class _Record:
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_agreeing_kernels_run_without_warning(scheme, monkeypatch):
+def test_agreeing_kernels_run_without_warning(scheme, monkeypatch, auto_triton_on_cpu):
     calls = _spy(monkeypatch)
     dense = _dense_spy(monkeypatch)
     with _Record() as rec:
@@ -126,7 +126,7 @@ def test_agreeing_kernels_run_without_warning(scheme, monkeypatch):
     assert rec.fallbacks() == []
     assert len(calls) == 3 and not dense  # no second check; the kernels computed both
     torch.testing.assert_close(out.double().cpu(), _reference(*inputs, scheme), atol=1e-5, rtol=0)
-    assert list(selfcheck.verdicts().values()) == [""]
+    assert list(auto_triton_on_cpu.values()) == [""]  # the check's verdict: the kernels agree
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
@@ -262,7 +262,7 @@ def test_dropout_is_checked_with_the_kernels_own_mask(monkeypatch, auto_triton_o
     drop = torch.nn.Dropout(0.3).train()
     with _Record() as rec:
         _attend("dnas", dropout=drop)
-    assert rec.fallbacks() == [] and list(selfcheck.verdicts().values()) == [""]
+    assert rec.fallbacks() == [] and list(auto_triton_on_cpu.values()) == [""]
     auto_triton_on_cpu.clear()
     real = common.dropout_mask
     monkeypatch.setattr(common, "dropout_mask", lambda seed, shape, p: real(seed + 1, shape, p))

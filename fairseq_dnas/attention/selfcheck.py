@@ -285,8 +285,3 @@ def disable(config: Config, reason: str, stacklevel: int = 4) -> None:
         TritonFallbackWarning,
         stacklevel=stacklevel,
     )
-
-
-def verdicts() -> Dict[Config, str]:
-    """A copy of the decisions taken so far ("" = kernels used)."""
-    return dict(_verdicts)
