@@ -61,7 +61,7 @@ setup(
             # (torch depends on it too)
             "filelock",
         ],
-        # The GPU kernels (fairseq_dnas/attention/triton_flash.py). CUDA builds
+        # The GPU kernels (fairseq_dnas/attention/triton/). CUDA builds
         # of torch already ship a matching triton; on CPU machines it is
         # installed so that the tests run the kernels under Triton's
         # interpreter (about 1 GB; no wheels outside Linux).

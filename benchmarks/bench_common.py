@@ -59,12 +59,12 @@ def machine():
 def triton_tiles():
     """The Triton path's tiles in effect (built in, or FAIRSEQ_DNAS_TRITON_TILES's file)."""
     try:
-        from fairseq_dnas.attention import triton_flash
+        from fairseq_dnas.attention.triton import common as triton_common
     except ImportError:
         return None
     tiles = {f"{kind}:{d}": {n: list(t) for n, t in entry.items()}
-             for (kind, d), entry in triton_flash.GPU_TILES.items()}
-    return {"file": os.environ.get(triton_flash.TILES_ENV) or None, "tiles": tiles}
+             for (kind, d), entry in triton_common.GPU_TILES.items()}
+    return {"file": os.environ.get(triton_common.TILES_ENV) or None, "tiles": tiles}
 
 
 class CpuLoad:

@@ -12,7 +12,7 @@ fairseq's ``transformer`` of the same size and weights, in one run:
 Sizes: ``tiny`` (fairseq's transformer_tiny), ``small`` (3 + 3 layers, 256
 wide, FFN 1,024, 4 heads; the default, a minute or two on a laptop CPU),
 ``iwslt`` (the thesis's IWSLT model: 6 + 6 layers, 512 wide, FFN 1,024, 4
-heads). Rounds are interleaved (bench_common.timed_rounds), so a load change
+heads). ``--device cuda`` runs both models on the GPU in float16. Rounds are interleaved (bench_common.timed_rounds), so a load change
 during the run hits both models alike; ``foreign_cpu`` reports the load of
 other processes.
 """
@@ -51,8 +51,17 @@ def parser(doc):
     p.add_argument("--tgt-len", type=int, default=32)
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the models run (default cpu); cuda runs them in float16, as fairseq-train --fp16")
     p.add_argument("--json", help="write the rows and the machine here")
     return p
+
+
+def set_device(p, args):
+    """``common.DEVICE`` from --device (the bench_* helpers read it); cuda without a GPU is a usage error."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device")
+    common.DEVICE = torch.device(args.device)
 
 
 def write_json(path, args, rows):
@@ -77,7 +86,9 @@ def timed_section(args, section, build, extra):
 
 
 def main(argv=None):
-    args = parser(__doc__).parse_args(argv)
+    p = parser(__doc__)
+    args = p.parse_args(argv)
+    set_device(p, args)
     torch.manual_seed(0)
 
     log(f"training update, size {args.size}, batch {args.batch} x {args.src_len}/{args.tgt_len} tokens")

@@ -1,12 +1,13 @@
 """The ``kernels`` section of benchmark.py: the attention kernels alone,
 forward + backward, against PyTorch's scaled_dot_product_attention (SDPA:
-cuDNN or FlashAttention-2 on an H100), v1 and v2 side by side (issue 28).
+cuDNN or FlashAttention-2 on an H100), both Triton kernel sets side by side.
 
 B 8, H 16, D 64, float16, T 512 to 4096, attention dropout 0 and 0.1, no
 padding; then short inputs, B 128, H 16 (2,048 heads a call, Gigaword's
-sources), T 64 and 128, where the one-tile kernels (``triton_short.py``,
-"v2-short") run beside v1 and v2's long kernels wherever ``kernels.short_max``
-lets them (DNAS up to 128, HNAS up to 64 at head size 64). Per case: wall milliseconds a step (median over rounds,
+sources), T 64 and 128, where the one-tile kernels (``triton/short.py``,
+"short") run beside the flash kernels (``triton/flash.py``) wherever
+``selection.short_max`` lets them (DNAS up to 128, HNAS up to 64 at head
+size 64). Per case: wall milliseconds a step (median over rounds,
 synchronized), kernel milliseconds (the sum of the GPU kernels' own times in
 one profiled step, torch.profiler), kernels a step, and both as ratios to
 SDPA measured in the same run; beside them the floor that operation counts
@@ -34,13 +35,10 @@ OPS = {
     "fa2": (7, 2),        # FlashAttention-2: QK^T, PV | QK^T, dO V^T, dV, dK, dQ; one exp each way
     "dnas": (9, 4),       # the lean DNAS: + the column pass (K Q^T) | + the pre-pass (QK^T, P^T dO)
     "hnas": (10, 5),      # + HNAS's second P V product and its exp in the forward
-    "dnas v1": (11, 4),   # triton_flash: column (1) + forward (2) + kv (5) + q (3)
-    "hnas v1": (12, 7),   # + P_U V in the forward, P_U recomputed in both backward passes
-    "dnas v2": (11, 4),   # triton_flash_v2: column (2: + X_j) + forward (2) + kv (4) + q (3)
-    "hnas v2": (12, 6),   # the key-major pass takes pi_U from pi_D at fp16:64 (PU_FROM_PD; with dropout
-                          # the query-major pass too: 5 exponentials)
-    "dnas v2-short": (8, 3),  # triton_short: K Q^T, S, PV | S, dO V^T, dq, dk, dv; exps: column, row | pi_D
-    "hnas v2-short": (8, 5),  # the mixture before its one PV; exps: + pi_U forward and backward
+    "dnas flash": (11, 4),  # triton/flash.py: column (1) + forward (2) + kv (5) + q (3)
+    "hnas flash": (12, 7),  # + P_U V in the forward, P_U recomputed in both backward passes
+    "dnas short": (8, 3),   # triton/short.py: K Q^T, S, PV | S, dO V^T, dq, dk, dv; exps: column, row | pi_D
+    "hnas short": (8, 5),   # the mixture before its one PV; exps: + pi_U forward and backward
 }
 
 
@@ -66,9 +64,12 @@ def _kernel_ms(step):
 
 
 def kernels_section(args):
-    """Rows: length, dropout, case (sdpa, dnas v1, dnas v2, hnas v1, hnas v2),
-    wall and kernel milliseconds, kernels a step, ratios to SDPA, floor."""
-    from fairseq_dnas.attention import kernels, triton_common, triton_flash, triton_flash_v2, triton_short
+    """Rows: length, dropout, case (sdpa, dnas flash, hnas flash, and dnas
+    short, hnas short where they apply), wall and kernel milliseconds,
+    kernels a step, ratios to SDPA, floor."""
+    from fairseq_dnas.attention import selection
+    from fairseq_dnas.attention.triton import common as triton_common
+    from fairseq_dnas.attention.triton import flash, short
 
     if common.DEVICE.type != "cuda" and not (args.quick and triton_common.INTERPRETED):
         log("kernels: skipped (needs CUDA; on CPU only with --quick under TRITON_INTERPRET=1)")
@@ -85,15 +86,13 @@ def kernels_section(args):
         for p in (0.0, 0.1):
             runs = {
                 "sdpa": lambda p=p: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p),
-                "dnas v1": lambda p=p: triton_flash.triton_attention(q, k, v, dropout_p=p),
-                "dnas v2": lambda p=p: triton_flash_v2.triton_attention(q, k, v, dropout_p=p),
-                "hnas v1": lambda p=p: triton_flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
-                "hnas v2": lambda p=p: triton_flash_v2.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
+                "dnas flash": lambda p=p: flash.triton_attention(q, k, v, dropout_p=p),
+                "hnas flash": lambda p=p: flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
             }
-            for scheme in ("dnas", "hnas"):  # the one-tile kernels where kernels.py would run them
-                if length <= kernels.short_max(sizes["head_dim"], dtype, scheme):
-                    runs[f"{scheme} v2-short"] = lambda p=p, w=(u if scheme == "hnas" else None): (
-                        triton_short.triton_attention(q, k, v, hybrid_weight=w, dropout_p=p))
+            for scheme in ("dnas", "hnas"):  # the one-tile kernels where selection.py would run them
+                if length <= selection.short_max(sizes["head_dim"], dtype, scheme):
+                    runs[f"{scheme} short"] = lambda p=p, w=(u if scheme == "hnas" else None): (
+                        short.triton_attention(q, k, v, hybrid_weight=w, dropout_p=p))
             inputs = {name: (q, k, v, u) if name.startswith("hnas") else (q, k, v) for name in runs}
             steps = {name: (lambda f=f, name=name: torch.autograd.grad(f(), inputs[name], grad))
                      for name, f in runs.items()}
@@ -125,7 +124,7 @@ def kernels_section(args):
                 kernel_text = "-" if kernel is None else f"{kernel:.3f} ms ({row['kernel_ratio']:.2f}x, {launched} kernels)"
                 floor_text = ("" if scheme == "sdpa" else
                               f"  floor {row['floor'][0]:.2f}-{row['floor'][1]:.2f}x FA2")
-                log(f"kernels T={length} p={p} {name:8s} wall {wall:.3f} ms ({row['wall_ratio']:.2f}x)  "
+                log(f"kernels T={length} p={p} {name:10s} wall {wall:.3f} ms ({row['wall_ratio']:.2f}x)  "
                     f"kernels {kernel_text}{floor_text}")
     return rows
 

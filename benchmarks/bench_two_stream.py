@@ -10,6 +10,7 @@
   decoding in both streams): sentences per second and the ratio.
 
     .venv/bin/python benchmarks/bench_two_stream.py --size small --json /tmp/bench_two_stream.json
+    .venv/bin/python benchmarks/bench_two_stream.py --device cuda --size iwslt   # float16 on the GPU
 
 The floor: the model stream repeats, per layer, the value and output
 projections, the feed-forward block, the layer norms and the S V' product
@@ -28,7 +29,7 @@ import torch
 
 import bench_common as common
 from bench_common import CpuLoad, log, timed_rounds
-from bench_discrete import SIZES, parser, write_json  # SIZES: tiny, small, iwslt (fairseq's transformer_iwslt_de_en)
+from bench_discrete import SIZES, parser, set_device, write_json  # SIZES: tiny, small, iwslt (fairseq's transformer_iwslt_de_en)
 from bench_model import build_models, generation_calls, model_args, synthetic_batch, training_steps
 
 ARCHS = {"transformer": "transformer", "two_stream_soft": "transformer_two_stream",
@@ -89,6 +90,7 @@ def main(argv=None):
     p = parser(__doc__)
     p.add_argument("--no-generate", action="store_true", help="the training update only")
     args = p.parse_args(argv)
+    set_device(p, args)
     torch.manual_seed(0)
     rows = update_section(args) + ([] if args.no_generate else generate_section(args))
     if args.json:

@@ -18,7 +18,7 @@ module    attention module forward+backward (training mode) at hidden 768,
           Gigaword preset's attention dropout 0.1, on CUDA attention dropout
           0 and 0.1 at every length, for each of --dtypes (fp16, bf16).
 crossover dnas/hnas forced onto the dense and the fused path from 64 to 512
-          positions: where ``auto`` should switch (kernels.DENSE_MAX_LEN).
+          positions: where ``auto`` should switch (selection.DENSE_MAX_LEN).
 model     whole-model training time per update (forward, backward, Adam step)
           and target words per second for transformer / transformer_dnas /
           transformer_hnas at the paper's Gigaword sizes (12+12 layers,
@@ -29,8 +29,8 @@ generate  beam search (beam 4) sentences per second, every hypothesis forced
           to 64 tokens so all models do the same decoder work.
 kernels   the attention kernels alone (bench_kernels.py), forward+backward at
           B 8, H 16, D 64, float16, T 512-4096, dropout 0 and 0.1: wall and
-          GPU-kernel time and kernels a step for SDPA and the v1 and v2
-          Triton kernels, ratios to SDPA, and the floor from operation counts
+          GPU-kernel time and kernels a step for SDPA and the flash and
+          short Triton kernels, ratios to SDPA, and the floor from operation counts
           beside them. CUDA only (on CPU: --quick under TRITON_INTERPRET=1).
           Not in the default sections: --sections kernels.
 
@@ -72,7 +72,7 @@ from bench_model import generate_section, model_section  # noqa: E402
 from bench_module import crossover_section, module_section  # noqa: E402
 from bench_report import merge_results, render_markdown, target_report  # noqa: E402
 from fairseq_dnas.analysis.files import write_json  # noqa: E402  (temporary file, then rename)
-from fairseq_dnas.attention import kernels  # noqa: E402
+from fairseq_dnas.attention import selection  # noqa: E402
 
 
 def __getattr__(name):
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         "device": args.device, "dtypes": args.dtypes, "quick": args.quick, "hidden": dim, "heads": heads, "lengths": args.lengths, "tokens": args.tokens,
         "rounds": args.rounds, "warmup": args.warmup, "model_batch": args.model_batch,
         "model_rounds": args.model_rounds, "gen_batch": args.gen_batch,
-        "dense_max_len": kernels.DENSE_MAX_LEN, "command": " ".join([sys.argv[0], *(argv or sys.argv[1:])])}}
+        "dense_max_len": selection.DENSE_MAX_LEN, "command": " ".join([sys.argv[0], *(argv or sys.argv[1:])])}}
     log(f"machine: {res['machine']['cpu']}, {res['machine']['logical_cpus']} CPUs, "
         f"{res['machine']['torch_threads']} torch threads, torch {res['machine']['torch']}")
     res["complete"] = False  # until every section has run

@@ -4,7 +4,7 @@ machine, the way Triton's JIT specializes a real call, and report what ptxas
 made of it: registers, register spills, shared memory, which tensor-core
 instructions its matmuls use, and the instructions of its loop over key (or
 query) blocks. This is how ``GPU_TILES`` in
-``fairseq_dnas/attention/triton_flash.py`` were chosen without a GPU.
+``fairseq_dnas/attention/triton/common.py`` were chosen without a GPU.
 
 No GPU is needed: Triton's NVIDIA backend and ptxas run on the CPU. The
 script runs the real forward and backward (``triton_attention``) on CPU
@@ -27,9 +27,7 @@ branch and its target, for the innermost loop that holds a matmul (the loop
 over key or query blocks; float32's exact products are FFMA, so there the
 innermost loop with an FFMA). Instructions per score element = loop-body
 instructions x threads / (BLOCK_M x BLOCK_N): the issue cost of one score.
-Where a kernel holds several such loops (HNAS's v2 backward kernels: a copy
-with pi_U from pi_D and one with the direct exponential, one of which a
-program runs; the v2 forward's redo loop), "loop" is the longest and each
+Where a kernel holds several such loops, "loop" is the longest and each
 loop's instructions and MUFU.EX2 (exponentials) are listed too.
 Each variant is compiled afresh (Triton's cache bypassed) so that ptxas's log
 tells whether it serialized the wgmma instructions (advisory C7515: each then
@@ -41,13 +39,11 @@ instructions come from.
     python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table (docs/results/)
     python benchmarks/triton_spills.py --cases fp16:64 --no-report
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
-    python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64,bf16:64,fp16:128,bf16:128
-                                                               # v2: at length 100 the one-tile kernels
-                                                               # (triton_short.py), as kernels.py picks them
-    python benchmarks/triton_spills.py --version v2 --short 0 --sinkhorn 1   # v2's long kernels (or --length 200)
-    python benchmarks/triton_spills.py --compare v1.json v2.json   # the before/after table of two --json runs
-    python benchmarks/triton_spills.py --version v2 --sinkhorn 1 --cases fp16:64 --pu-from-pd all
-                                                               # HNAS's pi_U from pi_D in every kernel
+    python benchmarks/triton_spills.py --short 0               # the flash kernels at every length
+    python benchmarks/triton_spills.py --sinkhorn 1 --cases fp16:64,bf16:128
+                                                               # at length 100 what selection.py picks:
+                                                               # the one-tile kernels where SHORT_MAX allows
+    python benchmarks/triton_spills.py --compare before.json after.json   # two --json runs side by side
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
@@ -73,7 +69,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, before triton_flash is imported
+os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, before attention/triton/ is imported
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -83,11 +79,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
-from fairseq_dnas.attention import kernels as K  # noqa: E402
-from fairseq_dnas.attention import triton_flash as F  # noqa: E402
-from fairseq_dnas.attention import triton_flash_v2, triton_short  # noqa: E402
-
-VERSIONS = ("v1", "v2")  # FAIRSEQ_DNAS_TRITON_KERNELS's values (kernels.triton_kernels)
+from fairseq_dnas.attention import selection  # noqa: E402
+from fairseq_dnas.attention.triton import common as F  # noqa: E402
+from fairseq_dnas.attention.triton import short  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 (warp size 32)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -143,23 +137,19 @@ def capture(case, args, sinkhorn_iters):
     """The kernels' specializations of one (dtype, head size): the forward and
     backward of DNAS and HNAS, dropout 0 and 0.1, one and ``sinkhorn_iters``
     Sinkhorn rounds, with padding, in the fairseq module's layout, on the
-    kernels ``kernels.triton_kernels`` picks for ``args.version`` and
-    ``args.short`` at this length (v2 runs v1's for Sinkhorn rounds; short
-    inputs may run the one-tile kernels)."""
+    kernels ``selection.kernel_set`` picks with ``args.short`` at this
+    length (short inputs may run the one-tile kernels)."""
     dtype, head = case
     torch_dtype = DTYPES[dtype]
     heads, length, bsz = max(args.hidden // head, 2), args.length, args.batch
     saved = {k: dict(v) for k, v in F.GPU_TILES.items()}
-    saved_v2 = {k: dict(v) for k, v in triton_flash_v2.V2_GPU_TILES.items()}
-    saved_short = {k: {block: dict(w) for block, w in v.items()} for k, v in triton_short.SHORT_WARPS.items()}
+    saved_short = {k: {block: dict(w) for block, w in v.items()} for k, v in short.SHORT_WARPS.items()}
     if args.short_warps:  # every tile of this case
-        for warps in triton_short.SHORT_WARPS[F.tile_case(head, torch_dtype)].values():
+        for warps in short.SHORT_WARPS[F.tile_case(head, torch_dtype)].values():
             warps.update(forward=args.short_warps, backward=args.short_warps)
-    saved_env = {name: os.environ.get(name) for name in (K.KERNELS_ENV, K.SHORT_ENV)}
-    os.environ[K.KERNELS_ENV], os.environ[K.SHORT_ENV] = args.version, args.short
+    saved_env = os.environ.get(selection.SHORT_ENV)
+    os.environ[selection.SHORT_ENV] = args.short
     F.GPU_TILES[F.tile_case(head, torch_dtype)].update(args.tiles)
-    if args.version == "v2":  # v2's own entries take precedence over GPU_TILES: --tiles replaces them too
-        triton_flash_v2.V2_GPU_TILES.setdefault(F.tile_case(head, torch_dtype), {}).update(args.tiles)
     jit = JitCapture()
     original = JITFunction.run
     JITFunction.run = lambda kernel, *a, **kw: jit.run(kernel, *a, **kw)
@@ -176,8 +166,9 @@ def capture(case, args, sinkhorn_iters):
                                for _ in range(3))
                     u = torch.full((heads,), 0.5, requires_grad=True) if hybrid else None
                     scheme = "hnas" if hybrid else "dnas"
-                    module = K.triton_module(iters, K.triton_kernels(iters, length, length, head, torch_dtype, scheme))
-                    out = module.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
+                    attention = selection.attention_function(
+                        selection.kernel_set(iters, length, length, head, torch_dtype, scheme))
+                    out = attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
                                                   query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters)
                     out.float().sum().backward()
     finally:
@@ -185,15 +176,12 @@ def capture(case, args, sinkhorn_iters):
         for key, value in saved.items():
             F.GPU_TILES[key].clear()
             F.GPU_TILES[key].update(value)
-        triton_flash_v2.V2_GPU_TILES.clear()
-        triton_flash_v2.V2_GPU_TILES.update(saved_v2)
-        triton_short.SHORT_WARPS.clear()
-        triton_short.SHORT_WARPS.update(saved_short)
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        short.SHORT_WARPS.clear()
+        short.SHORT_WARPS.update(saved_short)
+        if saved_env is None:
+            os.environ.pop(selection.SHORT_ENV, None)
+        else:
+            os.environ[selection.SHORT_ENV] = saved_env
     return list(jit.jobs.values())
 
 
@@ -343,10 +331,10 @@ KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "back
 
 def compare_table(before, after):
     """Markdown: each kernel variant (without Sinkhorn) of two --json runs side
-    by side (e.g. --version v1 and v2): tile, registers, spills, instructions
-    a score in its loops (summed), and each loop's instructions and MUFU.EX2
-    a score (v1's column_lse is v2's column; a kernel one side lacks, or a
-    run before the per-loop figures, shows '-')."""
+    by side (e.g. before and after a change): tile, registers, spills,
+    instructions a score in its loops (summed), and each loop's instructions
+    and MUFU.EX2 a score (a kernel one side lacks, or a run before the
+    per-loop figures, shows '-')."""
     def index(rows):
         out = {}
         for r in rows:
@@ -385,11 +373,9 @@ def main(argv=None):
                    metavar="KERNEL=M,N,WARPS[,STAGES]", help="compile this tile instead of GPU_TILES' (repeatable)")
     p.add_argument("--sinkhorn", type=int, default=3, metavar="N",
                    help="also compile the Sinkhorn kernels with N rounds (default 3; 1: none)")
-    p.add_argument("--version", choices=VERSIONS, default="v1",
-                   help="which kernels: v1 (triton_flash.py, default) or v2 (triton_flash_v2.py)")
-    p.add_argument("--short", choices=K.SHORT_MODES, default="auto",
-                   help="FAIRSEQ_DNAS_TRITON_SHORT for the calls: auto (default: with v2, lengths <= 128 run "
-                        "the one-tile kernels, triton_short.py), 1 (whatever the version) or 0 (never)")
+    p.add_argument("--short", choices=selection.SHORT_MODES, default="auto",
+                   help="FAIRSEQ_DNAS_TRITON_SHORT for the calls: auto (default: lengths up to "
+                        "selection.SHORT_MAX run the one-tile kernels, triton/short.py) or 0 (never)")
     p.add_argument("--short-warps", type=int, choices=(4, 8),
                    help="compile the one-tile kernels with this many warps instead of SHORT_WARPS'")
     p.add_argument("--length", type=int, default=100,
@@ -411,11 +397,8 @@ def main(argv=None):
                         "what a block may use on sm_86/sm_89 GPUs)")
     p.add_argument("--max-dropout-ratio", type=float, metavar="X",
                    help="exit 1 if a kernel's loop with dropout has more than X times its instructions without")
-    p.add_argument("--pu-from-pd", choices=("default", "all", "none"), default="default",
-                   help="v2's HNAS pi_U from pi_D (triton_flash_v2.PU_FROM_PD): where v2 enables it (default), "
-                        "in every kernel and case (all), or nowhere (none)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
-                   help="only print the side-by-side table of two --json runs (e.g. --version v1 and v2)")
+                   help="only print the side-by-side table of two --json runs")
     args = p.parse_args(argv)
     if args.compare:
         before, after = (json.loads(Path(path).read_text())["rows"] for path in args.compare)
@@ -423,9 +406,6 @@ def main(argv=None):
         return 0
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
-    if args.pu_from_pd != "default":
-        on = True if args.pu_from_pd == "all" else set()
-        triton_flash_v2.PU_FROM_PD = {kernel: on for kernel in triton_flash_v2.PU_FROM_PD}
     args.tiles = dict(args.tiles)
     only = set(args.kernels.split(",")) if args.kernels else None
     where = dict(item.split("=") for item in args.where.split(",")) if args.where else {}
@@ -447,10 +427,9 @@ def main(argv=None):
                 rows.append(dict(case=label_case))
                 print(head, flush=True)
                 continue
-            straight = name.startswith("short_")  # the one-tile kernels (triton_short.py): no loop
+            straight = name.startswith("short_")  # the one-tile kernels (triton/short.py): no loop
             regs, stack, kind, loops = cubin_report(binary, straight)
-            # the longest: HNAS's v2 backward kernels hold two copies of their loop and run one (PU_FROM_PD's
-            # guard), so a sum would count instructions no program runs; "loops" lists each
+            # the longest (a kernel may hold loops that no program runs all of); "loops" lists each
             loop = max((n for n, _ in loops), default=None)
             by_name = {kernel.arg_names[path[0]]: value for path, value in constexprs.items()}
             score = by_name.get("BLOCK_M", by_name.get("BLOCK", 0)) * by_name.get("BLOCK_N", by_name.get("BLOCK", 0))

@@ -2,7 +2,7 @@
 """Time tile sizes of the Triton kernels on this GPU and write the fastest as a
 JSON file for ``FAIRSEQ_DNAS_TRITON_TILES``.
 
-``GPU_TILES`` in ``fairseq_dnas/attention/triton_flash.py`` were chosen for
+``GPU_TILES`` in ``fairseq_dnas/attention/triton/common.py`` were chosen for
 an H100 from what the compiler makes of each tile (benchmarks/triton_spills.py),
 not from timings; other GPUs want other tiles. This script decides by time:
 
@@ -26,11 +26,9 @@ rejected and reported; one that does not compile or launch (shared memory)
 is skipped. If the current tile itself does not launch on this GPU, the
 first candidate that does takes its place as the baseline.
 
-``--version v2`` tunes the v2 kernels (``triton_flash_v2.py``: column,
-forward, backward_kv, backward_q; their long kernels at every length,
-whatever ``FAIRSEQ_DNAS_TRITON_SHORT`` picks for short inputs) from their
-own current tiles (``V2_GPU_TILES``, else v1's), and writes them under
-"tiles_v2", which only the v2 kernels read.
+The tiles are those of the flash kernels (``attention/triton/flash.py``,
+run directly at every length); the one-tile kernels of short inputs have
+no tiles to tune.
 
 Without CUDA it runs under Triton's interpreter (TRITON_INTERPRET=1, CPU
 tensors): the timings then mean nothing; tests use it to check the script.
@@ -51,12 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from fairseq_dnas.attention import triton_flash as F  # noqa: E402
-from fairseq_dnas.attention import triton_flash_v2 as V2  # noqa: E402
+from fairseq_dnas.attention.triton import common as C  # noqa: E402
+from fairseq_dnas.attention.triton import flash as F  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HIDDEN = 768
-# Candidates per kernel (BLOCK_M queries, BLOCK_N keys, warps), tried with F.STAGES pipeline
+# Candidates per kernel (BLOCK_M queries, BLOCK_N keys, warps), tried with C.STAGES pipeline
 # stages; the current tile is always one. The winner is then tried with STAGE_CANDIDATES.
 CANDIDATES = {
     "column": [(64, 64, 4), (64, 128, 8), (128, 64, 8), (128, 128, 8), (32, 128, 8)],
@@ -111,13 +109,8 @@ def parse_args(argv):
                    help="a candidate must be this much faster to replace the current tile (default 0.02)")
     p.add_argument("--kernels", default=None,
                    help=f"comma-separated subset of {','.join(CANDIDATES)} (default: all that apply)")
-    p.add_argument("--version", choices=("v1", "v2"), default="v1",
-                   help='which kernels: v1 (triton_flash.py, default; the file\'s "tiles") or v2 '
-                        '(triton_flash_v2.py\'s long kernels; the file\'s "tiles_v2")')
     p.add_argument("--json", required=True, help="where to write the tiles (FAIRSEQ_DNAS_TRITON_TILES reads it)")
     args = p.parse_args(argv)
-    if args.version == "v2" and args.sinkhorn > 1:
-        p.error("--sinkhorn > 1 runs the v1 kernels only: leave it out with --version v2")
     if args.tokens < max(args.lengths):
         p.error(f"--tokens {args.tokens} is less than the longest length {max(args.lengths)}")
     if any(args.hidden % head for _, head in args.cases):
@@ -133,20 +126,16 @@ def parse_args(argv):
     return args
 
 
-def tile_table(dtype, head, version="v1"):
-    """The dict the kernels of ``version`` read for this case (the
-    interpreter's own under TRITON_INTERPRET, which both versions read there);
-    for v2 its ``V2_GPU_TILES`` entry, which takes precedence over v1's."""
-    if F.INTERPRETED:
-        return F.INTERPRETER_TILES
-    if version == "v2":
-        return V2.V2_GPU_TILES.setdefault(F.tile_case(head, dtype), {})
-    return F.GPU_TILES[F.tile_case(head, dtype)]
+def tile_table(dtype, head):
+    """The dict the kernels read for this case (the interpreter's own under TRITON_INTERPRET)."""
+    if C.INTERPRETED:
+        return C.INTERPRETER_TILES
+    return C.GPU_TILES[C.tile_case(head, dtype)]
 
 
-def current_tile(kernel, head, dtype, version="v1"):
-    """(BLOCK_M, BLOCK_N, warps, stages) that ``kernel`` of ``version`` runs now."""
-    return V2._v2_tiles(kernel, head, dtype) if version == "v2" else F._tiles(kernel, head, dtype)
+def current_tile(kernel, head, dtype):
+    """(BLOCK_M, BLOCK_N, warps, stages) that ``kernel`` runs now."""
+    return C._tiles(kernel, head, dtype)
 
 
 def workloads(args, dtype, head, device):
@@ -166,26 +155,14 @@ def workloads(args, dtype, head, device):
                 yield name, (q, k, v, u, pad, pad, p_drop, seed, args.sinkhorn)
 
 
-def runner(kernel, inputs, version="v1"):
+def runner(kernel, inputs):
     """A call that runs the pass containing ``kernel`` and returns its results."""
-    if version == "v2":
-        return _runner_v2(kernel, inputs)
     if kernel in FORWARD_KERNELS:
         return lambda: F._forward(*inputs)[:2]
     q, k, v, u, kpad, qpad, p_drop, seed, n = inputs
     out, o_d, c, r_d, r_u, normalizers = F._forward(*inputs)
     do = torch.randn_like(out)
     return lambda: F._backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers)[:3]
-
-
-def _runner_v2(kernel, inputs):
-    """``runner`` for the v2 kernels (no Sinkhorn rounds: ``inputs``' last item is 1)."""
-    q, k, v, u, kpad, qpad, p_drop, seed, _ = inputs
-    if kernel in FORWARD_KERNELS:
-        return lambda: V2._forward(q, k, v, u, kpad, qpad, p_drop, seed)[:2]
-    saved = V2._forward(q, k, v, u, kpad, qpad, p_drop, seed)
-    do = torch.randn_like(saved[0])
-    return lambda: V2._backward(do, q, k, v, u, kpad, p_drop, seed, *saved)[:3]
 
 
 def label(tile):
@@ -203,10 +180,10 @@ def close(a, b):
     return float((a.float() - b.float()).abs().max()) <= 2e-2 * scale
 
 
-def time_candidates(kernel, table, candidates, inputs, rounds, device, version="v1"):
+def time_candidates(kernel, table, candidates, inputs, rounds, device):
     """Median seconds per candidate (None: did not compile/launch; 'wrong': results differ)."""
     current = table[kernel]
-    run = runner(kernel, inputs, version)
+    run = runner(kernel, inputs)
     reference = None  # the results of the first candidate that runs (the current tile, if it launches here)
     times = {}
     for tile in candidates:
@@ -240,8 +217,7 @@ def pick(args, kernel, table, candidates, loads, device, measured):
     """Time ``candidates`` (the first is the current tile) on every workload;
     set and return the fastest by the geometric mean of times relative to
     the first candidate that ran on every workload."""
-    per_load = {name: time_candidates(kernel, table, candidates, inputs, args.rounds, device,
-                                      getattr(args, "version", "v1"))
+    per_load = {name: time_candidates(kernel, table, candidates, inputs, args.rounds, device)
                 for name, inputs in loads}
     ran = [t for t in candidates if all(isinstance(v[t], float) for v in per_load.values())]
     if not ran:
@@ -269,15 +245,15 @@ def pick(args, kernel, table, candidates, loads, device, measured):
 
 def tune_case(args, dtype_name, head, device, kernels):
     dtype = DTYPES[dtype_name]
-    table = tile_table(dtype, head, args.version)
+    table = tile_table(dtype, head)
     loads = list(workloads(args, dtype, head, device))
     report = {}
     for kernel in kernels:
-        log(f"{dtype_name} d={head} {args.version} {kernel}")
-        current = current_tile(kernel, head, dtype, args.version)
-        table[kernel] = current  # v2: its own entry, so that a candidate replaces it and is put back
+        log(f"{dtype_name} d={head} {kernel}")
+        current = current_tile(kernel, head, dtype)
+        table[kernel] = current
         measured = dict(previous=list(current), steps=[])  # step 1: tiles and warps, step 2: stages
-        tiles = [current] + [(*t, F.STAGES) for t in CANDIDATES[kernel] if (*t, F.STAGES) != current]
+        tiles = [current] + [(*t, C.STAGES) for t in CANDIDATES[kernel] if (*t, C.STAGES) != current]
         best = pick(args, kernel, table, tiles, loads, device, measured)
         stages = [best] + [(*best[:3], s) for s in STAGE_CANDIDATES if s != best[3]]
         best = pick(args, kernel, table, stages, loads, device, measured)
@@ -288,30 +264,27 @@ def tune_case(args, dtype_name, head, device, kernels):
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not F.INTERPRETED:
+    if device.type == "cpu" and not C.INTERPRETED:
         sys.exit("triton_tiles.py: no CUDA device; on CPU set TRITON_INTERPRET=1 (the timings then mean nothing)")
     kernels = [k for k in CANDIDATES if args.sinkhorn > 1 or k not in SINKHORN_KERNELS]
     if args.kernels is not None:
         kernels = [k for k in kernels if k in args.kernels.split(",")]
     where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
-    log(f"{where}, torch {torch.__version__}, triton {triton.__version__}; {args.version} kernels: "
-        f"{', '.join(kernels)}")
-    section = "tiles" if args.version == "v1" else "tiles_v2"  # the v2 kernels read "tiles_v2" first
+    log(f"{where}, torch {torch.__version__}, triton {triton.__version__}; kernels: {', '.join(kernels)}")
     result = dict(device=where, torch=torch.__version__, triton=triton.__version__,
                   settings=dict(lengths=args.lengths, tokens=args.tokens, rounds=args.rounds,
-                                sinkhorn=args.sinkhorn, min_gain=args.min_gain, version=args.version),
+                                sinkhorn=args.sinkhorn, min_gain=args.min_gain),
                   tiles={}, measured={})
-    result[section] = {}
     for dtype_name, head in args.cases:
-        key = "%s:%d" % F.tile_case(head, DTYPES[dtype_name])
+        key = "%s:%d" % C.tile_case(head, DTYPES[dtype_name])
         result["measured"][f"{dtype_name}:{head}"] = report = tune_case(args, dtype_name, head, device, kernels)
-        result[section].setdefault(key, {}).update({k: r["tile"] for k, r in report.items()})
+        result["tiles"].setdefault(key, {}).update({k: r["tile"] for k, r in report.items()})
     tmp = Path(args.json).with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, args.json)
-    for key, entry in result[section].items():
+    for key, entry in result["tiles"].items():
         print(f"{key}: {json.dumps(entry)}")
-    log(f"wrote {args.json}; use it with {F.TILES_ENV}={args.json}")
+    log(f"wrote {args.json}; use it with {C.TILES_ENV}={args.json}")
     return 0
 
 

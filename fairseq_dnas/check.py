@@ -4,7 +4,7 @@ Run once on a GPU machine before training. Prints the device and versions,
 then one table: every configuration the kernels compile for (float16,
 bfloat16, float32 x head size 64, 128 x DNAS, HNAS x dropout off, on x
 Sinkhorn iterations 1, 3; all with padding; the one-tile kernels of short
-inputs beside the long ones where ``kernels.triton_kernels`` runs them)
+inputs beside the long ones where ``selection.kernel_sets`` runs them)
 checked against Algorithm 1 in float64 (``selfcheck.compare``: the same
 comparison the first-use check
 makes, forward and gradients), then a speed and a memory line against
@@ -86,9 +86,10 @@ def device_line(device: torch.device) -> str:
 
 
 def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.device):
-    """Every configuration to check; where short inputs run the one-tile
-    kernels (``kernels.short_kernels_selectable``), those beside the long ones."""
-    from fairseq_dnas.attention.kernels import short_kernels_selectable, triton_kernels
+    """Every configuration to check: each kernel set ``auto`` may run for it
+    (``selection.kernel_sets``: the one-tile kernels for short inputs beside
+    the flash kernels where they apply)."""
+    from fairseq_dnas.attention.selection import kernel_sets
     from fairseq_dnas.attention.selfcheck import Config
 
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -97,12 +98,9 @@ def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.de
             for scheme in schemes:
                 for dropout in dropouts:
                     for iters in sinkhorns:
-                        versions = [triton_kernels(int(iters))]
-                        if short_kernels_selectable(int(iters), int(head), DTYPES[dtype], scheme):
-                            versions.insert(0, "v2-short")
-                        for version in versions:
+                        for kernels in kernel_sets(int(iters), int(head), DTYPES[dtype], scheme):
                             yield Config(str(device), DTYPES[dtype], int(head), scheme, dropout == "on", int(iters),
-                                         True, tf32 and dtype == "float32", version)
+                                         True, tf32 and dtype == "float32", kernels)
 
 
 HEADER = (f"{'scheme':6} {'dtype':9} {'head':>4} {'dropout':7} {'sinkhorn':>8} {'kernels':8} {'T':>3}  "
@@ -153,21 +151,21 @@ def speed_and_memory(device: torch.device, dtype: torch.dtype, *, batch: int, he
                      head_dim: int, repeats: int = 20) -> Dict[str, Dict[str, Optional[float]]]:
     """Forward + backward of torch's scaled_dot_product_attention, DNAS and
     HNAS (Triton kernels, no padding, no dropout): median milliseconds and
-    peak MiB (CUDA only; None elsewhere). The kernels are those
-    ``FAIRSEQ_DNAS_TRITON_KERNELS`` selects (``kernels.triton_kernels``)."""
-    from fairseq_dnas.attention.kernels import triton_module
-
-    module = triton_module()  # the kernels FAIRSEQ_DNAS_TRITON_KERNELS selects
+    peak MiB (CUDA only; None elsewhere). The kernels are those ``auto``
+    selects at this length (``selection.kernel_set``)."""
+    from fairseq_dnas.attention.selection import attention_function, kernel_set
 
     g = torch.Generator().manual_seed(0)
     shape = (batch, heads, length, head_dim)
     q, k, v, grad = (torch.randn(shape, generator=g).to(device, dtype) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     u = torch.full((heads,), 0.5, device=device, requires_grad=True)
+    dnas, hnas = (attention_function(kernel_set(1, length, length, head_dim, dtype, scheme))
+                  for scheme in ("dnas", "hnas"))
     runs = {
         "torch SDPA": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
-        "DNAS": lambda: module.triton_attention(q, k, v),
-        "HNAS": lambda: module.triton_attention(q, k, v, hybrid_weight=u),
+        "DNAS": lambda: dnas(q, k, v),
+        "HNAS": lambda: hnas(q, k, v, hybrid_weight=u),
     }
     out = {}
     for name, forward in runs.items():
@@ -198,7 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("fairseq_dnas.check: the Triton attention kernels against Algorithm 1 in float64")
     print(f"versions: {versions()}")
     if args.interpret:
-        # Triton reads this when the kernels are defined: before triton_flash is imported.
+        # Triton reads this when the kernels are defined: before attention/triton/ is imported.
         os.environ["TRITON_INTERPRET"] = "1"
         device = torch.device("cpu")
     elif torch.cuda.is_available():
@@ -210,12 +208,11 @@ def main(argv: Optional[List[str]] = None) -> int:
               "instead (slow, tiny sizes).")
         return 0
     print(f"device: {device_line(device)}")
-    from fairseq_dnas.attention import selfcheck
-    from fairseq_dnas.attention.kernels import KERNELS_ENV, SHORT_ENV, triton_kernels
+    from fairseq_dnas.attention import selection, selfcheck
 
-    short = ("v2-short for short inputs (T <= 64 or 128, half precision)" if triton_kernels(1, 16, 16) == "v2-short"
-             else "no one-tile kernels")
-    print(f"kernels: {triton_kernels()} (${KERNELS_ENV}; Sinkhorn iterations > 1 run v1; {short}, ${SHORT_ENV})")
+    short = ("short for inputs up to selection.SHORT_MAX (T <= 64 or 128, half precision)"
+             if selection.short_mode() == "auto" else f"no one-tile kernels (${selection.SHORT_ENV}=0)")
+    print(f"kernels: {short}, else flash (any length, any Sinkhorn iterations)")
 
     dtypes = list(args.dtypes)
     if args.interpret and "bfloat16" in dtypes:
@@ -229,7 +226,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(HEADER)
     results = []
     for config in configurations(dtypes, args.heads, args.schemes, args.dropout, args.sinkhorn, device):
-        result = selfcheck.compare(config, **selfcheck.sizes(config))
+        result = selfcheck.compare(config, selection.attention_function(config.kernels), **selfcheck.sizes(config))
         results.append(result)
         print(row(result), flush=True)
     bad = [r for r in results if not r.ok]

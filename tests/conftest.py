@@ -22,7 +22,7 @@ sys.path.insert(0, TESTS)  # tests import reference.py and helpers.py directly
 
 # Without a GPU the Triton kernels run on CPU tensors under Triton's
 # interpreter. Triton reads the variable when the kernels are defined, so it
-# is set before any test imports fairseq_dnas.attention.triton_flash.
+# is set before any test imports fairseq_dnas.attention.triton.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -112,6 +112,26 @@ def padding_mask(lengths, total, left_pad):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def check_verdicts(monkeypatch):
+    """The first-use check's decisions (``selfcheck._verdicts``), empty for
+    this test and restored after it; ``.clear()`` forgets them mid-test."""
+    from fairseq_dnas.attention import selfcheck
+
+    monkeypatch.setattr(selfcheck, "_verdicts", {})
+    return selfcheck._verdicts
+
+
+@pytest.fixture
+def auto_triton_on_cpu(monkeypatch, check_verdicts):
+    """``auto`` takes the Triton kernels, and the first-use check runs, for
+    CPU tensors too (under Triton's interpreter), with no earlier verdicts."""
+    from fairseq_dnas.attention import selection
+
+    monkeypatch.setattr(selection, "kernels_by_default", lambda device: device.type in ("cuda", "cpu"))
+    return check_verdicts
 
 
 def _shared_data(env, hint):

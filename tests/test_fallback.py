@@ -1,8 +1,8 @@
 """Tier 1: the ``auto`` path's first-use check of the Triton kernels and its fallback.
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter; the
-tests let ``auto`` take them for CPU tensors (``kernels.AUTO_TRITON_DEVICES``)
-and let the first-use check run there (``selfcheck.CHECK_DEVICES``). A kernel
+tests let ``auto`` take them for CPU tensors and let the first-use check run
+there (the ``auto_triton_on_cpu`` fixture of conftest.py). A kernel
 made to disagree (its output shifted) or to fail (it raises, forward or
 backward) must give one warning with the numbers and the configuration, and
 the result must still be DNAS/HNAS (against ``reference.py``), computed by
@@ -19,9 +19,10 @@ from reference import reference_probs, reference_self_attention
 from fairseq_dnas.attention import kernels, selfcheck
 from fairseq_dnas.modules import DNASMultiheadAttention
 
-triton_flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton_flash", reason="triton is not installed (scripts/install.sh installs it)"
+flash = pytest.importorskip(
+    "fairseq_dnas.attention.triton.flash", reason="triton is not installed (scripts/install.sh installs it)"
 )
+from fairseq_dnas.attention.triton import common  # noqa: E402 (after the importorskip)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T = 17  # two 16-row tiles under the interpreter, the second ragged
@@ -29,14 +30,9 @@ LENGTHS = (17, 9)
 
 
 @pytest.fixture(autouse=True)
-def _auto_takes_triton(monkeypatch):
+def _auto_takes_triton(monkeypatch, auto_triton_on_cpu):
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     monkeypatch.delenv(selfcheck.CHECK_ENV, raising=False)
-    monkeypatch.setattr(kernels, "AUTO_TRITON_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(selfcheck, "CHECK_DEVICES", ("cuda", "cpu"))
-    selfcheck.reset()
-    yield
-    selfcheck.reset()
 
 
 def _qkv(d=16, heads=2, seed=0):
@@ -71,11 +67,11 @@ def _reference(q, k, v, u, scheme):
 
 
 def _spy(monkeypatch, shift=0.0, error=None, backward_error=None):
-    """Replace ``triton_flash.triton_attention`` by a counted version whose
+    """Replace ``flash.triton_attention`` by a counted version whose
     output is shifted by ``shift``, or which raises ``error`` (forward) or
     ``backward_error`` (in the backward); returns the list of calls."""
     calls = []
-    real = triton_flash.triton_attention
+    real = flash.triton_attention
 
     class FailingBackward(torch.autograd.Function):
         @staticmethod
@@ -93,7 +89,7 @@ def _spy(monkeypatch, shift=0.0, error=None, backward_error=None):
         out = real(q, k, v, **kw) + shift
         return FailingBackward.apply(out) if backward_error is not None else out
 
-    monkeypatch.setattr(triton_flash, "triton_attention", fake)
+    monkeypatch.setattr(flash, "triton_attention", fake)
     return calls
 
 
@@ -119,7 +115,7 @@ class _Record:
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_agreeing_kernels_run_without_warning(scheme, monkeypatch):
+def test_agreeing_kernels_run_without_warning(scheme, monkeypatch, auto_triton_on_cpu):
     calls = _spy(monkeypatch)
     dense = _dense_spy(monkeypatch)
     with _Record() as rec:
@@ -130,7 +126,7 @@ def test_agreeing_kernels_run_without_warning(scheme, monkeypatch):
     assert rec.fallbacks() == []
     assert len(calls) == 3 and not dense  # no second check; the kernels computed both
     torch.testing.assert_close(out.double().cpu(), _reference(*inputs, scheme), atol=1e-5, rtol=0)
-    assert list(selfcheck.verdicts().values()) == [""]
+    assert list(auto_triton_on_cpu.values()) == [""]  # the check's verdict: the kernels agree
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
@@ -160,14 +156,14 @@ def test_disagreeing_kernels_warn_once_and_fall_back(scheme, monkeypatch):
 
 def test_only_the_failing_configuration_falls_back(monkeypatch):
     """The HNAS kernels disagree, the DNAS ones do not: DNAS keeps them."""
-    real = triton_flash.triton_attention
+    real = flash.triton_attention
     calls = []
 
     def fake(q, k, v, **kw):
         calls.append(kw["hybrid_weight"] is None)
         return real(q, k, v, **kw) + (0.0 if kw["hybrid_weight"] is None else 0.1)
 
-    monkeypatch.setattr(triton_flash, "triton_attention", fake)
+    monkeypatch.setattr(flash, "triton_attention", fake)
     with _Record() as rec:
         _attend("hnas")
         _attend("dnas")
@@ -259,17 +255,17 @@ def test_out_of_memory_is_not_a_reason_to_fall_back(monkeypatch):
         _attend("dnas")
 
 
-def test_dropout_is_checked_with_the_kernels_own_mask(monkeypatch):
+def test_dropout_is_checked_with_the_kernels_own_mask(monkeypatch, auto_triton_on_cpu):
     """With dropout the check compares against the float64 math times the mask
     ``dropout_mask`` publishes: the real kernels agree; a published mask that
     is not the one the kernels apply is caught."""
     drop = torch.nn.Dropout(0.3).train()
     with _Record() as rec:
         _attend("dnas", dropout=drop)
-    assert rec.fallbacks() == [] and list(selfcheck.verdicts().values()) == [""]
-    selfcheck.reset()
-    real = triton_flash.dropout_mask
-    monkeypatch.setattr(triton_flash, "dropout_mask", lambda seed, shape, p: real(seed + 1, shape, p))
+    assert rec.fallbacks() == [] and list(auto_triton_on_cpu.values()) == [""]
+    auto_triton_on_cpu.clear()
+    real = common.dropout_mask
+    monkeypatch.setattr(common, "dropout_mask", lambda seed, shape, p: real(seed + 1, shape, p))
     with _Record() as rec:
         _attend("dnas", dropout=drop)
     (message,) = rec.fallbacks()
@@ -295,7 +291,7 @@ def test_the_check_leaves_torchs_random_state_alone():
     config = selfcheck.Config(DEVICE, torch.float32, 16, "dnas", True, 1, True)
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state() if DEVICE == "cuda" else None
-    assert selfcheck.compare(config, **selfcheck.INTERPRETER_SIZES).ok
+    assert selfcheck.compare(config, flash.triton_attention, **selfcheck.INTERPRETER_SIZES).ok
     assert torch.equal(torch.get_rng_state(), cpu_state)
     if cuda_state is not None:
         assert torch.equal(torch.cuda.get_rng_state(), cuda_state)

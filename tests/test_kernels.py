@@ -11,7 +11,7 @@ import torch
 from conftest import padding_mask
 from reference import reference_probs, reference_self_attention
 
-from fairseq_dnas.attention import SCHEMES, fused, kernels, primitives
+from fairseq_dnas.attention import SCHEMES, fused, kernels, primitives, selection
 from fairseq_dnas.attention.kernels import attend, choose_path
 from fairseq_dnas.modules import DNASMultiheadAttention
 
@@ -126,9 +126,10 @@ def test_head_groups_and_repeated_backward(path, monkeypatch):
     second = torch.autograd.grad(out.sum(), (q, k, v, u))
     for a, b in zip(first, second):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
-    q2, k2, v2 = _qkv(heads=4)
-    u2 = _u()
-    ref = torch.autograd.grad(_run(q2, k2, v2, "hnas", mask, u2, "materialized").sum(), (q2, k2, v2, u2))
+    q_ref, k_ref, v_ref = _qkv(heads=4)
+    u_ref = _u()
+    ref = torch.autograd.grad(_run(q_ref, k_ref, v_ref, "hnas", mask, u_ref, "materialized").sum(),
+                              (q_ref, k_ref, v_ref, u_ref))
     for a, b in zip(first, ref):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
 
@@ -182,7 +183,7 @@ def _q(t, dtype=torch.float32):
 
 def test_auto_path_choice(monkeypatch):
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
-    short, long = kernels.DENSE_MAX_LEN, kernels.DENSE_MAX_LEN + 1
+    short, long = selection.DENSE_MAX_LEN, selection.DENSE_MAX_LEN + 1
     assert choose_path(_q(short)) == "dense"
     assert choose_path(_q(long)) == "flash"
     assert choose_path(_q(long, torch.float64)) == "flash"
@@ -219,7 +220,7 @@ def test_old_torch_falls_back_without_the_cpu_flash_kernels(monkeypatch):
     plain-torch kernel and still compute DNAS/HNAS."""
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     monkeypatch.setattr(primitives.FlashCPU, "available", False)
-    long = kernels.DENSE_MAX_LEN + 1
+    long = selection.DENSE_MAX_LEN + 1
     assert choose_path(_q(long)) == "blockwise"
     with pytest.raises(ValueError, match="torch >= 2.2"):
         choose_path(_q(long), path="flash")
@@ -250,7 +251,7 @@ def test_dropout_activity():
 def test_module_on_the_fused_path(scheme, left_pad, monkeypatch):
     """The fairseq module, long enough for ``auto`` to pick the fused path."""
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
-    monkeypatch.setattr(kernels, "DENSE_MAX_LEN", 4)
+    monkeypatch.setattr(selection, "DENSE_MAX_LEN", 4)
     m = DNASMultiheadAttention(32, 4, scheme=scheme, hybrid_init=0.3).train()  # attention dropout 0
     if m.hybrid_logit is not None:
         m.hybrid_logit.data = torch.linspace(-2, 2, 4)

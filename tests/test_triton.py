@@ -1,4 +1,4 @@
-"""Tier 1: the Triton path (``attention/triton_flash.py``) against the float64 reference.
+"""Tier 1: the Triton path's flash kernels (``attention/triton/flash.py``) against the float64 reference.
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter
 (conftest sets TRITON_INTERPRET=1; the interpreter uses 16 x 16 tiles, so the
@@ -6,6 +6,7 @@ lengths below span several tiles and ragged tails). On a GPU machine the same
 tests run the compiled kernels on CUDA tensors. ``test_triton_tiles.py``
 compiles every kernel variant for an H100 (sm_90) on any machine (the
 interpreter accepts code the compiler rejects) and tests the tile tools.
+The one-tile kernels of short inputs: ``test_triton_short.py``.
 """
 
 import pytest
@@ -14,18 +15,26 @@ from conftest import padding_mask
 from reference import reference_probs, reference_self_attention
 
 from fairseq_dnas.attention import functional as AF
-from fairseq_dnas.attention import kernels
+from fairseq_dnas.attention import kernels, selection
 from fairseq_dnas.attention.kernels import attend, choose_path
 from fairseq_dnas.modules import DNASMultiheadAttention
 
-triton_flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton_flash", reason="triton is not installed (scripts/install.sh installs it)"
+flash = pytest.importorskip(
+    "fairseq_dnas.attention.triton.flash", reason="triton is not installed (scripts/install.sh installs it)"
 )
+from fairseq_dnas.attention.triton import common  # noqa: E402 (after the importorskip)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T = 37  # three 16-row tiles under the interpreter, the last one ragged
 LENGTHS = (37, 20, 1, 30)  # a one-token sentence: its only key is its only query
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def _flash_kernels_at_every_length(monkeypatch):
+    """These tests hold flash.py's kernels; through ``attend`` short inputs
+    would otherwise run the one-tile kernels (tests/test_triton_short.py)."""
+    monkeypatch.setenv(selection.SHORT_ENV, "0")
 
 
 def _needs_working_dot(dtype):
@@ -62,7 +71,7 @@ def _float64_autograd(q, k, v, u, scheme, kmask, qmask, keep=None, p=0.0, sinkho
     else:
         probs = AF.hnas_probs(s, ud, km, qm, sinkhorn_iters)
     if keep is not None:  # the kernels drop at p rounded to a multiple of 1/256, and scale by its complement
-        probs = probs * keep.double() / (1.0 - triton_flash.effective_dropout_p(p))
+        probs = probs * keep.double() / (1.0 - common.effective_dropout_p(p))
     inputs = (qd, kd, vd) if ud is None else (qd, kd, vd, ud)
     return probs @ vd, inputs
 
@@ -74,7 +83,7 @@ def _grad_tol(ref, tol=1e-5):
 
 
 def _run(q, k, v, scheme, kmask, qmask, u, **kw):
-    return triton_flash.triton_attention(
+    return flash.triton_attention(
         q, k, v, hybrid_weight=u if scheme == "hnas" else None,
         key_padding_mask=kmask, query_padding_mask=qmask, **kw)
 
@@ -227,7 +236,7 @@ def test_the_scheme_runs_not_softmax():
     assert (out.double().cpu() - unas).abs().max() > 0.1
 
 
-# --- Sinkhorn iterations (triton_sinkhorn.py) ---------------------------------------
+# --- Sinkhorn iterations (triton/sinkhorn.py) ---------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -310,7 +319,7 @@ def test_sinkhorn_with_dropout_equals_autograd_with_the_same_mask():
     mask = _mask("left")
     p, seed = 0.2, _seed(99)
     out = _run(q, k, v, "hnas", mask, mask, u, dropout_p=p, seed=seed, sinkhorn_iters=2)
-    keep = triton_flash.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
+    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     grads = torch.autograd.grad(out, (q, k, v, u), g)
     ref_out, ref_ins = _float64_autograd(q, k, v, u, "hnas", mask, mask, keep=keep, p=p, sinkhorn_iters=2)
@@ -334,7 +343,7 @@ def test_dropout_gradients_equal_autograd_with_the_same_mask(scheme):
     mask = _mask("left")
     p, seed = 0.3, _seed(1234)
     out = _run(q, k, v, scheme, mask, mask, u, dropout_p=p, seed=seed)
-    keep = triton_flash.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
+    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
     kept = keep.float().mean().item()
     assert 0.6 < kept < 0.8, kept  # about 1 - p of the entries kept
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -434,8 +443,8 @@ def test_fairseq_module_on_the_triton_path(scheme, left_pad, sinkhorn_iters, mon
     need_weights still returns the probabilities."""
     monkeypatch.setenv(kernels.PATH_ENV, "triton")
     calls = []
-    apply = triton_flash.TritonAttention.apply
-    monkeypatch.setattr(triton_flash.TritonAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    apply = flash.TritonAttention.apply
+    monkeypatch.setattr(flash.TritonAttention, "apply", lambda *a: calls.append(1) or apply(*a))
     m = DNASMultiheadAttention(32, 2, scheme=scheme, hybrid_init=0.3, sinkhorn_iters=sinkhorn_iters)
     m = m.train().to(DEVICE)
     if m.hybrid_logit is not None:
@@ -512,10 +521,10 @@ def test_float32_products_follow_torchs_tf32_setting():
     before = matmul.allow_tf32
     try:
         matmul.allow_tf32 = False
-        assert triton_flash._precision(torch.float32) == "ieee"
-        assert triton_flash._precision(torch.float16) == "tf32"
+        assert common._precision(torch.float32) == "ieee"
+        assert common._precision(torch.float16) == "tf32"
         matmul.allow_tf32 = True
-        assert triton_flash._precision(torch.float32) == "tf32"
+        assert common._precision(torch.float32) == "tf32"
     finally:
         matmul.allow_tf32 = before
 

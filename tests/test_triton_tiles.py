@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-triton_flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton_flash", reason="triton is not installed (scripts/install.sh installs it)"
+common = pytest.importorskip(
+    "fairseq_dnas.attention.triton.common", reason="triton is not installed (scripts/install.sh installs it)"
 )
 
 
@@ -35,7 +35,8 @@ KERNELS = {"column_lse": ("HAS_BIAS",), "forward": ("HYBRID", "DROPOUT"), "backw
 
 
 def _compile(cases, *extra):
-    """benchmarks/triton_spills.py on ``cases``: the kernels compiled for
+    """benchmarks/triton_spills.py on ``cases`` (``--short 0``: the flash
+    kernels at every length, as the tests here pass): the kernels compiled for
     sm_90 as the JIT specializes the forward and backward of DNAS and HNAS,
     dropout 0 and 0.1, Sinkhorn 1 and 3 rounds (no GPU needed: Triton's
     NVIDIA backend runs on the CPU). The interpreter runs code that the
@@ -67,7 +68,7 @@ def test_kernels_compile_for_an_h100_within_the_tile_rule():
     and a loop at most 1.3 times as long with dropout as without (the
     script's exit status; docs/performance.md), and the report reads each
     cubin."""
-    seen, summary = _compile("fp16:64", "--max-dropout-ratio", "1.3")
+    seen, summary = _compile("fp16:64", "--max-dropout-ratio", "1.3", "--short", "0")
     assert seen == _expected("fp16:64"), sorted(seen ^ _expected("fp16:64"))
     assert "with a stack (register spills), the largest" in summary and "wgmma" in summary, summary
     assert "dropout makes a loop at most" in summary, summary
@@ -80,7 +81,7 @@ def test_every_case_compiles_for_an_h100_within_the_tile_rule():
     128, 130 variants (about 5 CPU minutes); fp16:64, the 26 others, is the
     default tier's test above."""
     cases = "bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
-    seen, summary = _compile(cases)
+    seen, summary = _compile(cases, "--short", "0")
     assert seen == _expected(cases), sorted(seen ^ _expected(cases))
     assert f"compiled {len(_expected(cases))} variants" in summary, summary
 
@@ -111,7 +112,7 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path, ker
         # step 1: the current tile and every candidate, timed on all 4 workloads
         # (DNAS/HNAS x dropout 0/0.1) and checked against the current tile
         previous = tuple(timed["previous"])
-        expected = {previous} | {(*t, triton_flash.STAGES) for t in _candidates()[kernel]}
+        expected = {previous} | {(*t, common.STAGES) for t in _candidates()[kernel]}
         assert set(tiles_step["relative_time"]) == {"%dx%d/%dw/%ds" % t for t in expected}
         assert tiles_step["relative_time"][tiles_step["baseline"]] == 1.0
         assert tiles_step["baseline"] == "%dx%d/%dw/%ds" % previous
@@ -124,36 +125,14 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path, ker
         assert stages_step["chosen"] == "%dx%d/%dw/%ds" % tuple(tiles[kernel])
     assert "REJECTED" not in res.stderr and "skipped" not in res.stderr
     # the kernels take the file's tiles (with their stages), and only those
-    probe = ("from fairseq_dnas.attention import triton_flash as F; import json; "
+    probe = ("from fairseq_dnas.attention.triton import common as F; import json; "
              "print(json.dumps({k: list(v) for k, v in F.GPU_TILES['float32', 64].items()}))")
     res = _run(["-c", probe], env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(out)))
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(res.stdout)
     for kernel in kernels:
         assert got[kernel] == tiles[kernel], kernel
-    assert got["forward"] == list(triton_flash.GPU_TILES["float32", 64]["forward"])  # not tuned: unchanged
-
-
-def test_tuner_times_the_v2_kernels_into_their_own_section(tmp_path):
-    """--version v2: the v2 kernels' tiles are tuned and written under
-    "tiles_v2", which the v2 kernels read (over their built-in
-    V2_GPU_TILES) and v1's never do."""
-    res, out = _tune(tmp_path, "--version", "v2", "--kernels", "backward_kv")
-    assert res.returncode == 0, res.stderr[-3000:]
-    data = json.loads(out.read_text())
-    assert data["tiles"] == {} and set(data["tiles_v2"]) == {"float32:64"}
-    tile = data["tiles_v2"]["float32:64"]["backward_kv"]
-    tiles_step, _ = data["measured"]["fp32:32"]["backward_kv"]["steps"]
-    assert len(tiles_step["median_seconds"]) == 4  # DNAS/HNAS x dropout 0/0.1, the v2 kernels run each
-    assert "REJECTED" not in res.stderr and "skipped" not in res.stderr
-    probe = ("from fairseq_dnas.attention import triton_flash as F, triton_flash_v2 as V2; import json; "
-             "print(json.dumps([list(V2.V2_GPU_TILES['float32', 64]['backward_kv']), "
-             "list(F.GPU_TILES['float32', 64]['backward_kv'])]))")
-    res = _run(["-c", probe], env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(out)))
-    assert res.returncode == 0, res.stderr[-2000:]
-    v2_tile, v1_tile = json.loads(res.stdout)
-    assert v2_tile == tile
-    assert v1_tile == list(triton_flash.GPU_TILES["float32", 64]["backward_kv"])  # v1 untouched
+    assert got["forward"] == list(common.GPU_TILES["float32", 64]["forward"])  # not tuned: unchanged
 
 
 def _tuner():
@@ -197,9 +176,6 @@ def test_tuner_refuses_bad_arguments(tmp_path):
     assert not out.exists()
     res = _run(["benchmarks/triton_tiles.py", "--cases", "fp16:48", "--json", str(out)])
     assert res.returncode == 2 and "head size 32, 64 or 128" in res.stderr
-    res, out = _tune(tmp_path, "--version", "v2", "--sinkhorn", "3")
-    assert res.returncode == 2 and "leave it out with --version v2" in res.stderr
-    assert not out.exists()
 
 
 @pytest.mark.parametrize("content, message", [
@@ -210,22 +186,19 @@ def test_tuner_refuses_bad_arguments(tmp_path):
     ('{"tiles": {"half:64": {"forward": [64, 48, 4]}}}', "blocks powers of two >= 16"),
     ('{"tiles": {"half:64": {"forward": [64, 32, 3]}}}', "warps 1, 2, 4, 8 or 16"),
     ('{"tiles": {"half:64": {"forward": [64, 32, 4, 7]}}}', "stages 1 to 6"),
-    ('{"tiles": {}, "tiles_v2": {"half:64": {"forward": [64, 48, 4]}}}', "blocks powers of two >= 16"),
-    ('{"tiles": {}, "tiles_v2": [1]}', '"tiles_v2" must be an object'),
 ])
 def test_a_bad_tiles_file_says_what_to_fix(tmp_path, content, message):
     path = tmp_path / "tiles.json"
     path.write_text(content)
-    section = "tiles_v2" if "tiles_v2" in content else "tiles"  # what the v2 kernels read
     with pytest.raises(ValueError, match="benchmarks/triton_tiles.py") as err:
-        triton_flash.read_tiles(str(path), section)
+        common.read_tiles(str(path))
     assert message in str(err.value) and str(path) in str(err.value)
 
 
 def test_a_bad_tiles_file_stops_the_import(tmp_path):
     path = tmp_path / "tiles.json"
     path.write_text('{"tiles": {"half:64": {"forward": [64, 32]}}}')
-    res = _run(["-c", "import fairseq_dnas.attention.triton_flash"],
+    res = _run(["-c", "import fairseq_dnas.attention.triton.flash"],
                env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(path)))
     assert res.returncode != 0 and "FAIRSEQ_DNAS_TRITON_TILES=" in res.stderr
     assert "[64, 32] is not [BLOCK_M, BLOCK_N, warps(, stages)]" in res.stderr

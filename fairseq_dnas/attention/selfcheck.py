@@ -5,16 +5,17 @@ that miscompiles on some GPU or Triton version would silently train a wrong
 model. ``kernels.attend`` therefore asks ``triton_usable`` before it runs the
 kernels on the ``auto`` path. The first time a configuration (``Config``:
 device, dtype, head size, scheme, dropout on/off, Sinkhorn iterations,
-padding on/off, TF32 for float32: everything that selects a different
-compiled kernel) runs in a process, ``compare`` runs the kernels and the
+padding on/off, TF32 for float32, the kernel set ``selection.choose``
+picked: everything that selects a different compiled kernel) runs in a
+process, ``compare`` runs the kernels it is handed and the
 materialized float64 math of ``functional.py`` (an independent computation:
 plain torch, no Triton) on a small fixed input, forward and gradients; with
-dropout both sides use the kernels' own mask (``triton_flash.dropout_mask``),
+dropout both sides use the kernels' own mask (``triton.common.dropout_mask``),
 so the check also proves that the mask the kernels apply is the one they
 publish. If the kernels raise (cannot compile or launch) or disagree beyond
 ``tolerances``, one ``TritonFallbackWarning`` names the configuration and the
 numbers, and the configuration runs the paths ``auto`` takes without Triton
-(``kernels.fallback_path``) for the rest of the process. A failure to compile
+(``selection.fallback_path``) for the rest of the process. A failure to compile
 or launch in a real call (a size the check did not meet) does the same.
 
 A failure in the backward of a real call cannot be rerouted (its forward
@@ -24,8 +25,9 @@ launch on this GPU, or computes wrong gradients, is caught before the first
 real step; a backward failure only at real sizes remains an error.
 
 Cost: the check runs the kernels the first real call compiles anyway, on a
-(2, 2, 150, D) input: milliseconds once the kernels are compiled. It runs on
-CUDA tensors only (``CHECK_DEVICES``), never when the path is forced
+(2, 2, 150, D) input (the one-tile kernels: T = 100 or 50): milliseconds
+once the kernels are compiled. It runs where ``auto`` takes the kernels
+(``selection.kernels_by_default``: CUDA tensors), never when the path is forced
 (``FAIRSEQ_DNAS_ATTENTION_PATH=triton``: failures stay errors there), never
 during CUDA graph capture or torch.compile tracing, and not at all with
 ``FAIRSEQ_DNAS_TRITON_CHECK=0``. ``python -m fairseq_dnas.check`` runs the same
@@ -36,21 +38,19 @@ import dataclasses
 import math
 import os
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
+from fairseq_dnas.attention import selection
 
 CHECK_ENV = "FAIRSEQ_DNAS_TRITON_CHECK"
-# Device types on which ``triton_usable`` runs the check. Tests add "cpu" to
-# drive it under Triton's interpreter.
-CHECK_DEVICES = ("cuda",)
 DROPOUT_P = 0.25  # the drop probability of the check's dropout configurations
 CUDA_SIZES = dict(batch=2, heads=2, length=150)  # two 128-row tiles, the second ragged
 CUDA_SHORT_SIZES = dict(batch=2, heads=2, length=100)  # the one-tile kernels: a ragged 128 tile (50: 64)
-INTERPRETER_SIZES = dict(batch=2, heads=1, length=17)  # two 16-row tiles (one 32 tile for v2-short), ragged
+INTERPRETER_SIZES = dict(batch=2, heads=1, length=17)  # two 16-row tiles (one 32 tile for short), ragged
 
 
 class TritonFallbackWarning(RuntimeWarning):
@@ -69,7 +69,7 @@ class Config:
     sinkhorn_iters: int
     padding: bool
     tf32: bool = False  # float32 products on TF32 tensor cores (torch's allow_tf32)
-    kernels: str = "v1"  # which Triton kernels (kernels.triton_kernels): v1, v2 or v2-short
+    kernels: str = "flash"  # which Triton kernel set (selection.KERNEL_SETS): short or flash
 
     def describe(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
@@ -81,9 +81,9 @@ class Config:
 
 
 def config_of(q: Tensor, scheme: str, *, padding: bool, dropout: bool, sinkhorn_iters: int,
-              kernels: str = "v1") -> Config:
+              kernels: str = "flash") -> Config:
     """The configuration of a call with scaled queries ``q`` (B, H, T, D);
-    ``kernels`` is ``kernels.triton_kernels``'s choice."""
+    ``kernels`` is the kernel set ``selection.choose`` picked."""
     tf32 = q.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
     return Config(str(q.device), q.dtype, int(q.shape[-1]), scheme, bool(dropout), int(sinkhorn_iters),
                   bool(padding), tf32, kernels)
@@ -169,14 +169,12 @@ def reference(q, k, v, u, scheme, mask, sinkhorn_iters, keep=None, p=0.0):
 def sizes(config: Config) -> Dict[str, int]:
     """The check's input sizes for ``config``: tiny under the interpreter; on
     CUDA two ragged tiles of the long kernels, or one ragged tile of the
-    one-tile kernels (v2-short, which take T <= 128)."""
+    one-tile kernels (short, which take T <= selection.short_max)."""
     if torch.device(config.device).type != "cuda":
         return INTERPRETER_SIZES
-    if config.kernels != "v2-short":
+    if config.kernels != "short":
         return CUDA_SIZES
-    from fairseq_dnas.attention.kernels import short_max  # (kernels imports this module)
-
-    longest = short_max(config.head_dim, config.dtype, config.scheme)
+    longest = selection.short_max(config.head_dim, config.dtype, config.scheme)
     return CUDA_SHORT_SIZES if longest >= CUDA_SHORT_SIZES["length"] else dict(CUDA_SHORT_SIZES, length=longest - 14)
 
 
@@ -185,9 +183,10 @@ def _max_error(a: Tensor, b: Tensor) -> float:
     return float(err) if bool(torch.isfinite(a).all()) else math.inf
 
 
-def compare(config: Config, *, batch: int, heads: int, length: int) -> Result:
-    """The kernels against the float64 reference on one small input, forward
-    and gradients (q, k, v and, for HNAS, the hybrid weight)."""
+def compare(config: Config, attention: Callable[..., Tensor], *, batch: int, heads: int, length: int) -> Result:
+    """``attention`` (the ``triton_attention`` of the kernel set
+    ``config.kernels`` names) against the float64 reference on one small
+    input, forward and gradients (q, k, v and, for HNAS, the hybrid weight)."""
     result = Result(config)
     result.forward_tol, result.grad_tol = tolerances(config)
     device = torch.device(config.device)
@@ -195,20 +194,18 @@ def compare(config: Config, *, batch: int, heads: int, length: int) -> Result:
     p = DROPOUT_P if config.dropout else 0.0
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         try:
-            from fairseq_dnas.attention.kernels import triton_module
+            from fairseq_dnas.attention.triton import common  # imports triton
 
-            module = triton_module(config.sinkhorn_iters, config.kernels)  # the kernels this configuration runs
             q, k, v = (x.to(device, config.dtype).requires_grad_() for x in (q64, k64, v64))
             u = None if u64 is None else u64.to(device, torch.float32).requires_grad_()
             mask = None if mask64 is None else mask64.to(device)
             seed = torch.tensor([20201], dtype=torch.int64, device=device)
-            out = module.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
-                                          query_padding_mask=mask, dropout_p=p, seed=seed,
-                                          sinkhorn_iters=config.sinkhorn_iters)
+            out = attention(q, k, v, hybrid_weight=u, key_padding_mask=mask, query_padding_mask=mask,
+                            dropout_p=p, seed=seed, sinkhorn_iters=config.sinkhorn_iters)
             inputs = (q, k, v) if u is None else (q, k, v, u)
             grad = grad64.to(device, config.dtype)
             grads = torch.autograd.grad(out, inputs, grad)
-            keep = module.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
+            keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 (any failure to compile or launch; see the docstring)
@@ -254,15 +251,16 @@ def _busy() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def triton_usable(config: Config) -> bool:
-    """Whether the ``auto`` path may run the kernels for ``config``: False once
-    they failed for it in this process; the first time, the check decides."""
+def triton_usable(config: Config, attention: Callable[..., Tensor]) -> bool:
+    """Whether the ``auto`` path may run ``attention``, the kernels of
+    ``config``: False once they failed for it in this process; the first
+    time, the check (``compare``) decides."""
     verdict = _verdicts.get(config)
     if verdict is not None:
         return verdict == ""
-    if not enabled() or torch.device(config.device).type not in CHECK_DEVICES or _busy():
+    if not enabled() or not selection.kernels_by_default(torch.device(config.device)) or _busy():
         return True
-    result = compare(config, **sizes(config))
+    result = compare(config, attention, **sizes(config))
     if result.ok:
         _verdicts[config] = ""
         return True
@@ -287,13 +285,3 @@ def disable(config: Config, reason: str, stacklevel: int = 4) -> None:
         TritonFallbackWarning,
         stacklevel=stacklevel,
     )
-
-
-def verdicts() -> Dict[Config, str]:
-    """A copy of the decisions taken so far ("" = kernels used)."""
-    return dict(_verdicts)
-
-
-def reset() -> None:
-    """Forget every decision (for tests)."""
-    _verdicts.clear()

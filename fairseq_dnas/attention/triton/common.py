@@ -1,8 +1,9 @@
 """What the Triton kernels share: tiles, tile loads and stores, the grid,
-the dropout mask, and the column log-sum-exp pass.
+the dropout mask, the call's argument handling, and the column log-sum-exp pass.
 
-``triton_flash.py`` (the DNAS/HNAS kernels) and ``triton_sinkhorn.py`` (the
-extra Sinkhorn rounds) both import this module and nothing of each other.
+``flash.py`` (the long-sequence kernels), ``short.py`` (one tile a head) and
+``sinkhorn.py`` (the extra Sinkhorn rounds) import their shared helpers from
+here and no private helper of each other.
 
 Grid: every kernel runs on a one-dimensional grid of
 ``cdiv(T, BLOCK) * B * H`` programs, the block index fastest (programs of one
@@ -71,8 +72,8 @@ MAX_HEAD_DIM = 128
 #      that the tiles launch on sm_86/sm_89 GPUs too);
 #   3. the largest tile (BLOCK_M x BLOCK_N) that remains.
 # At head size 128 the kv pass has no wgmma tile within the bound (its three
-# (BLOCK_N, D) float32 accumulators: 240 bytes of spills and more), so it
-# stays on mma.sync. float32 (exact products by default: FMA, no tensor
+# (BLOCK_N, D) float32 accumulators spill beyond it; the figures: docs/results/),
+# so it stays on mma.sync. float32 (exact products by default: FMA, no tensor
 # cores) keeps the tiles with no spills at all. These are guesses until
 # timed: benchmarks/triton_tiles.py times candidates on a GPU (also their
 # pipeline stages: a fourth number, STAGES when absent) and writes a file
@@ -80,9 +81,7 @@ MAX_HEAD_DIM = 128
 # Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
 # sequences span several blocks and ragged tails.
 GPU_TILES = {
-    # timed on an H100 (benchmarks/triton_tiles.py, docs/performance.md); the compiler's
-    # choice was column (128, 128, 8), forward (128, 64, 8), backward_kv (16, 128, 8),
-    # backward_q (128, 64, 8): 1.32x-1.14x slower in the module benchmark there
+    # timed on an H100 (benchmarks/triton_tiles.py; the figures: docs/results/)
     ("half", 64): dict(column=(64, 128, 8), forward=(64, 64, 4), backward_kv=(32, 128, 8),
                        backward_q=(64, 32, 4), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
     ("half", 128): dict(column=(128, 128, 8), forward=(64, 32, 8), backward_kv=(32, 32, 8),
@@ -97,12 +96,10 @@ STAGES = 2
 TILES_ENV = "FAIRSEQ_DNAS_TRITON_TILES"
 
 
-def read_tiles(path: str, section: str = "tiles") -> dict:
+def read_tiles(path: str) -> dict:
     """Tiles from a JSON file (what benchmarks/triton_tiles.py writes):
     {"tiles": {"half:64": {"forward": [128, 64, 8, 3], ...}, "float32:128": ...}}
-    (the fourth number, pipeline stages, may be left out: STAGES); the v2
-    kernels' own tiles (``triton_flash_v2.V2_GPU_TILES``) under "tiles_v2",
-    the same form (``section``; a file without it names none).
+    (the fourth number, pipeline stages, may be left out: STAGES).
     Returns {(kind, head size): {kernel: (BLOCK_M, BLOCK_N, warps[, stages])}} with
     only the entries the file names; raises ValueError saying what to fix."""
     import json
@@ -118,10 +115,8 @@ def read_tiles(path: str, section: str = "tiles") -> dict:
         raise bad(f"cannot read it as JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("tiles"), dict):
         raise bad('expected an object with a "tiles" object')
-    if not isinstance(data.get(section, {}), dict):
-        raise bad(f'"{section}" must be an object like "tiles"')
     table = {}
-    for key, entry in data.get(section, {}).items():
+    for key, entry in data["tiles"].items():
         kind, _, head = key.partition(":")
         if (kind, int(head) if head.isdigit() else head) not in GPU_TILES:
             raise bad(f"unknown case {key!r} (known: {', '.join(f'{k}:{d}' for k, d in GPU_TILES)})")
@@ -177,19 +172,7 @@ DROP_BITS = 8  # bits per keep/drop decision: 16 decisions per Philox call
 # --------------------------------------------------------------------------
 
 
-LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e): the v2 kernels' exp2 domain
-
-
-@triton.jit
-def _exp(x, EXP2: tl.constexpr):
-    """e^x, or with EXP2 2^x (x then in log2 units: one ex2 instruction, no multiply)."""
-    return tl.exp2(x) if EXP2 else tl.exp(x)
-
-
-@triton.jit
-def _log(x, EXP2: tl.constexpr):
-    """ln x, or with EXP2 log2 x."""
-    return tl.log2(x) if EXP2 else tl.log(x)
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e): the one-tile kernels' exp2 domain
 
 
 @triton.jit
@@ -458,7 +441,7 @@ def _column_lse_kernel(
 
     With HAS_BIAS, c[j] = logsumexp_i (s[i, j] - BIAS[i]); called with the
     roles of Q and K exchanged it gives row normalizers. Sinkhorn iterations
-    (``triton_sinkhorn.py``) are made of such passes; their biases are
+    (``sinkhorn.py``) are made of such passes; their biases are
     earlier outputs of this kernel, +inf at padded positions, which leaves
     those out without the query mask."""
     pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
@@ -504,3 +487,73 @@ def lse_pass(rows: Tensor, over: Tensor, rows_pad: Optional[Tensor], over_pad: O
             num_warps=warps, num_stages=stages,
         )
     return out
+
+
+# --------------------------------------------------------------------------
+# What every kernel set's call shares
+# --------------------------------------------------------------------------
+
+
+def _output_buffer(q: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, H, T, D) laid out as (T, B, H, D): the fairseq module's reshape of
+    the output to (T, B, C) is then a view (as in fused.py)."""
+    b, h, t, d = q.shape
+    return q.new_empty((t, b, h, d), dtype=dtype).permute(1, 2, 0, 3)
+
+
+def call_facts(q: Tensor, k: Tensor, u: Optional[Tensor], kpad: Optional[Tensor], p_drop: float):
+    """((B, H, T_q, T_k, D), the dropout threshold, (HNAS?, dropout?, padding?)) of a call."""
+    threshold = dropout_threshold(p_drop)
+    return (*q.shape[:3], k.shape[2], q.shape[3]), threshold, (u is not None, threshold > 0, kpad is not None)
+
+
+def new_seed(device: torch.device) -> Tensor:
+    """A dropout seed drawn from torch's generator on ``device`` (no host sync),
+    so ``torch.manual_seed`` makes the masks reproducible."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+
+
+def prepare_call(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], query_padding_mask: Optional[Tensor],
+                 dropout_p: float, seed: Optional[Tensor]):
+    """The masks and seed a kernel set's autograd function takes: both masks
+    or none (a missing one completed with no padding), a seed drawn with
+    ``new_seed`` when dropout needs one; ``dropout_p`` checked (ValueError)."""
+    dropout_threshold(dropout_p)  # a probability, else ValueError
+    if (key_padding_mask is None) != (query_padding_mask is None):
+        bsz = q.shape[0]
+        if key_padding_mask is None:
+            key_padding_mask = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
+        else:
+            query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
+    if dropout_p > 0 and seed is None:
+        seed = new_seed(q.device)
+    return key_padding_mask, query_padding_mask, seed
+
+
+@triton.jit
+def _dropout_mask_kernel(SEED, KEEP, H, TQ, TK, drop_threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m, bh, _, _ = _program(TQ, H, BLOCK_M, True)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    seed = tl.load(SEED)
+    for start_n in range(0, TK, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        keep = _keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N)
+        ptrs = KEEP + (bh * TQ + offs_m[:, None]) * TK + offs_n[None, :]
+        tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < TQ) & (offs_n[None, :] < TK))
+
+
+def dropout_mask(seed: Tensor, shape, p: float) -> Tensor:
+    """The (B, H, T_q, T_k) keep-mask the kernels draw for ``seed`` and drop
+    probability ``p`` (True = kept; kept values are scaled by
+    1 / (1 - ``effective_dropout_p(p)``)), the same for every kernel set and
+    tile: for the first-use check, tests and anyone who wants to replay a
+    dropout pattern. Drawn in the column pass's tiles."""
+    bsz, heads, tq, tk = shape
+    if dropout_threshold(p) == 256:  # p = 1: everything dropped (the kernels scale by 0)
+        return torch.zeros(shape, dtype=torch.bool, device=seed.device)
+    keep = torch.empty(shape, dtype=torch.int8, device=seed.device)
+    bm, bn = _tiles("column", 64, torch.float16)[:2]
+    with on_device(seed):
+        _dropout_mask_kernel[grid(tq, bm, bsz, heads)](seed, keep, heads, tq, tk, dropout_threshold(p),
+                                                       BLOCK_M=bm, BLOCK_N=bn)
+    return keep.bool()

@@ -1,6 +1,6 @@
 """Counting what a step launches: the Triton kernels and the torch operations
-around them (tests/test_triton_v2.py holds the v2 kernels to at most 5 a
-forward + backward step, as docs/performance.md#the-v2-kernels says).
+around them (tests/test_triton_short.py holds the one-tile kernels to two
+kernels a forward + backward step, and records the flash kernels' count).
 
 ``count_launches()`` is a context manager that yields a ``Launches``
 record. Inside it every Triton kernel launch (compiled, or under Triton's

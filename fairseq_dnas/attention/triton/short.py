@@ -7,17 +7,16 @@ normalizer, the row normalization and the backward's column term are then
 reductions of register tiles, with no column pass and no second backward
 pass: 3 matmuls forward (FlashAttention-2's 2, plus K Q^T for the column
 normalizer; HNAS's mixture is formed before its one product with V) and
-FlashAttention-2's 5 backward. ``kernels.triton_kernels`` (the one place that
-chooses) sends short calls here when the v2 kernels are selected
-(``FAIRSEQ_DNAS_TRITON_SHORT``: auto, 0, 1); longer inputs and Sinkhorn
-iterations > 1 keep ``triton_flash_v2.py`` / ``triton_flash.py``.
+FlashAttention-2's 5 backward. ``selection.py`` (the one place that
+chooses) sends short calls here (``SHORT_MAX``; ``FAIRSEQ_DNAS_TRITON_SHORT=0``
+never); longer inputs and Sinkhorn iterations > 1 run ``flash.py``.
 
 Same function, interface (``triton_attention``) and dropout mask
-(``triton_common._dropout_bytes``: a function of (seed, batch * head, i,
-j // 16) only) as v1 and v2. Notation as ``triton_flash.py``: s = q_i . k_j
-(q scaled), everything in the exp2 domain of v2 (s2 = s log2 e, scaled once
-after the matmul; c2, r2 in log2 units). Equations with their derivation:
-``docs/math.md#the-one-tile-kernels-triton_shortpy-short-inputs``.
+(``common._dropout_bytes``: a function of (seed, batch * head, i, j // 16)
+only) as ``flash.py``. Notation as ``flash.py``: s = q_i . k_j (q scaled),
+everything in the exp2 domain (s2 = s log2 e, scaled once after the matmul;
+c2, r2 in log2 units). Equations with their derivation: ``docs/math.md``
+(the one-tile kernels).
 
 Forward (``_short_forward_kernel``, Algorithm 1 steps 3-5):
     S2      = Q K^T log2 e                                     one matmul (and K Q^T, for c2's reductions)
@@ -45,10 +44,10 @@ Five matmuls (S, dO V^T, dq, dk, dv). mu is the mean real query of the head
 arithmetic and keeps the products, rounded to the input dtype, from
 carrying the mean query (a q_proj bias); HNAS's UNAS part does not sum to
 0, so its column sum times mu is added back in float32 (as
-``triton_flash_v2._backward_kv_kernel``).
+``flash._backward_kv_kernel``).
 
 Launches: the forward and the backward kernel, plus the seed draw with
-dropout (``triton_flash.new_seed``) and, for HNAS, the sum of dL/du over the
+dropout (``common.new_seed``) and, for HNAS, the sum of dL/du over the
 batch (``torch.sum`` of a (B, H) float32 tensor: deterministic, no atomics;
 one launch cannot order its programs, so the programs of a head cannot add
 up their shares in a fixed order within it). No atomics anywhere: bitwise
@@ -67,21 +66,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fairseq_dnas.attention import triton_flash
-from fairseq_dnas.attention.triton_common import (
-    INTERPRETED, LOG2E, _block_d, _pad_arg, _dropout_bytes, _dropout_setup, _dropped, _load_tile, _offsets, _precision,
-    _program, _real, _store_tile, _strides, grid, needs_int64, on_device, tile_case)
-from fairseq_dnas.attention.triton_flash import _output_buffer, call_facts, dropout_mask  # noqa: F401 (the same mask)
+from fairseq_dnas.attention.triton.common import (
+    INTERPRETED, LOG2E, _block_d, _dropout_bytes, _dropout_setup, _dropped, _load_tile, _offsets, _output_buffer,
+    _pad_arg, _precision, _program, _real, _store_tile, _strides, call_facts, grid, needs_int64, on_device,
+    prepare_call, tile_case)
 
 BLOCK_MAX = 128  # the largest tile: a 128 x 128 float32 score block a CTA
 # Warps per CTA by (input kind, head size class) and tile side (32: 16 and
-# 32; 64; 128), from what ptxas makes of each kernel for sm_90
-# (benchmarks/triton_spills.py; docs/results/2026-11-26-sm90-compiler-short-tile.md):
-# the fewest instructions a score without register spills. At 64 x 64, 4 warps
-# issue half the instructions of 8 (a 64-row wgmma needs one warpgroup), but
-# the head size 128 backward spills there (HNAS: 32-64 bytes); at 128 x 128,
-# 4 warps spill. float32 never runs these kernels on a GPU (kernels.SHORT_MAX).
-# Untimed (benchmarks/gpu_measure.sh STEPS=kernels times them).
+# 32; 64; 128): the fewest instructions a score without register spills in
+# what ptxas makes of each kernel for sm_90 (benchmarks/triton_spills.py; the
+# figures: docs/results/). float32 never runs these kernels on a GPU
+# (selection.SHORT_MAX). Untimed.
 SHORT_WARPS = {
     ("half", 64): {32: dict(forward=2, backward=2), 64: dict(forward=4, backward=4),
                    128: dict(forward=8, backward=8)},
@@ -120,10 +115,8 @@ def _column_lse2(s2_t, real_q, real_k):
     """c2[j] = log2 sum_{i real} 2^s2[i, j] (Algorithm 1 step 4, log2 units)
     from the transposed scores s2_t (keys, queries) = K Q^T log2 e: a third
     matmul, which makes the column reductions row reductions of a matmul
-    tile (within a thread and a quad of lanes; across the rows of the warps
-    and through shared memory they took 392 of the forward's 3,506
-    instructions, fp16:64, and it halves the forward's instructions a score:
-    docs/results/2026-11-26-sm90-compiler-short-tile.md). +inf at padded
+    tile (within a thread and a quad of lanes, not across the warps through
+    shared memory: the compiler's figures in docs/results/). +inf at padded
     keys, keys past T_k and keys no real query sees."""
     sc = tl.where(real_q[None, :], s2_t, float("-inf"))  # padded queries stay out of c
     m = _finite_max(sc, 1)
@@ -187,7 +180,7 @@ def _short_forward_kernel(
         tl.store(RU2 + bh * TQ + offs, ru2, mask=offs < TQ)
     seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
     p = p.to(v.dtype)
-    if DROPOUT:  # v1's mask for (seed, bh, i, j), on the rounded probabilities
+    if DROPOUT:  # the common mask for (seed, bh, i, j), on the rounded probabilities
         p = _dropped(p, _dropout_bytes(seed, bh, offs, 0, TK, BLOCK), t_pair)
     out = tl.dot(p, v, input_precision=PRECISION)
     if DROPOUT:
@@ -278,7 +271,7 @@ def _check_short(tq: int, tk: int) -> int:
     block = block_size(tq, tk)
     if block > BLOCK_MAX:
         raise ValueError(f"the one-tile kernels take T_q, T_k <= {BLOCK_MAX} (got {tq}, {tk}); "
-                         "longer inputs run triton_flash_v2 (kernels.triton_kernels chooses)")
+                         "longer inputs run flash.py (selection.py chooses)")
     return block
 
 
@@ -324,7 +317,7 @@ def _backward(do, q, k, v, u, p_drop, seed, c2, r2, ru2):
 class TritonShortAttention(torch.autograd.Function):
     """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D), T_q, T_k <= 128:
     DNAS, or HNAS when u (H,) is given; padded query rows give 0. The
-    interface of ``triton_flash_v2.TritonAttentionV2``."""
+    interface of ``flash.TritonAttention`` with one Sinkhorn round."""
 
     @staticmethod
     def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
@@ -343,10 +336,25 @@ class TritonShortAttention(torch.autograd.Function):
         return dq, dk, dv, du, None, None, None, None
 
 
-def triton_attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
-    """``triton_flash.triton_attention`` (the same keyword arguments and result,
-    the same dropout mask for the same seed) on the one-tile kernels: T_q,
-    T_k <= 128 (else ValueError), one Sinkhorn round (``kernels.triton_kernels``
-    sends nothing else here; more rounds run v1's kernels)."""
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    hybrid_weight: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    query_padding_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[Tensor] = None,
+    sinkhorn_iters: int = 1,
+) -> Tensor:
+    """``flash.triton_attention`` (the same keyword arguments and result, the
+    same dropout mask for the same seed) on the one-tile kernels: T_q, T_k
+    <= ``BLOCK_MAX`` and one Sinkhorn round (else ValueError; ``selection.py``
+    sends nothing else here). No seed tensor without dropout."""
     _check_short(q.shape[2], k.shape[2])
-    return triton_flash.triton_attention(q, k, v, function=TritonShortAttention, **options)
+    if sinkhorn_iters != 1:
+        raise ValueError(f"the one-tile kernels run one normalization round (got sinkhorn_iters={sinkhorn_iters}); "
+                         "more rounds run flash.py")
+    kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
+    return TritonShortAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed)

@@ -13,7 +13,7 @@ Notation: scaled queries q_i (i < T_q), keys k_j and values v_j (j < T_k),
 scores s[i, j] = q_i . k_j; "real" positions are those that are not padding.
 
 Forward
-    1. ``_column_lse_kernel`` (``triton_common``; one program per key block): the DNAS column
+    1. ``_column_lse_kernel`` (``common``; one program per key block): the DNAS column
        normalizer over the real queries, Algorithm 1 step 4,
            c[j] = logsumexp_i s[i, j].
        One matmul (K Q^T) per (key block, query block).
@@ -26,7 +26,7 @@ Forward
        Attention dropout multiplies the final probabilities (the HNAS
        mixture, one mask for both parts) by Z[i, j] / (1 - p), Z ~ Bernoulli(1 - p)
        drawn by Philox from (seed, b H + h, i, j // 16), 16 decisions a call
-       (``triton_common._dropout_bytes``), so that the backward replays the
+       (``common._dropout_bytes``), so that the backward replays the
        very same mask without storing it, whatever the tiles; p is applied
        rounded to a multiple of 1/256 (``effective_dropout_p``). The mask
        zeroes the probabilities once rounded to the dtype of v, right before
@@ -70,9 +70,9 @@ before the products with v, as fairseq does.
 Strides: every tensor is read and written with its own strides (inputs may
 be views of a packed projection or expanded; each gradient is a fresh buffer
 written with its strides). Grid, 64-bit offsets, tiles and the dropout mask:
-``triton_common.py``, shared with ``triton_sinkhorn.py``.
+``common.py``, shared with ``short.py`` and ``sinkhorn.py``.
 
-Sinkhorn iterations (``sinkhorn_iters`` > 1): ``triton_sinkhorn.py`` computes
+Sinkhorn iterations (``sinkhorn_iters`` > 1): ``sinkhorn.py`` computes
 the earlier normalizers with the column pass above (``lse_pass``) and the
 gradient through them; these kernels take the last ones as c and xi's row bias.
 """
@@ -84,29 +84,19 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fairseq_dnas.attention import triton_sinkhorn
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
-from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: the tools read them here)
-    DTYPES,
-    LOG2E,
-    GPU_TILES,
-    INTERPRETED,
-    INTERPRETER_TILES,
-    MAX_HEAD_DIM,
+from fairseq_dnas.attention.triton import sinkhorn
+from fairseq_dnas.attention.triton.common import (
     NEG_INIT,
     STAGES,
-    TILES_ENV,
     _block_d,
-    _column_lse_kernel,
-    _dropout_scale,
     _dropout_bytes,
+    _dropout_scale,
     _dropout_setup,
     _dropped,
-    _exp,
-    _log,
-    _keep,
     _load_tile,
     _offsets,
+    _output_buffer,
     _pad_arg,
     _precision,
     _program,
@@ -115,14 +105,13 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
     _strides,
     _threshold_pair,
     _tiles,
+    call_facts,
     dropout_threshold,
-    effective_dropout_p,
     grid,
     lse_pass,
     needs_int64,
     on_device,
-    read_tiles,
-    tile_case,
+    prepare_call,
 )
 
 
@@ -132,16 +121,15 @@ from fairseq_dnas.attention.triton_common import (  # noqa: F401 (re-exported: t
 
 
 @triton.jit
-def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
-                         EXP2: tl.constexpr = False):
+def _online_softmax_step(m, l, acc, s, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of an online softmax (FlashAttention): running row max m,
     row sum l of exp(s - m) (dropout does not change the normalizer) and
-    accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max
-    (EXP2: s in log2 units, powers of 2). Also returns the new max and the
+    accumulator sum_j exp(s_j - m) Z_j v_j, all rescaled to the new max.
+    Also returns the new max and the
     block's exp(s - m_new) (HNAS's UNAS part follows from them: ``_forward_kernel``)."""
     m_new = tl.maximum(m, tl.max(s, 1))
-    p = _exp(s - m_new[:, None], EXP2)
-    alpha = _exp(m - m_new, EXP2)
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m - m_new)
     l, acc = _online_accumulate(l, acc, p, alpha, v, byte, t_pair, DROPOUT, PRECISION)
     return m_new, l, acc, p
 
@@ -158,52 +146,18 @@ def _online_accumulate(l, acc, p, alpha, v, byte, t_pair, DROPOUT: tl.constexpr,
     return l, acc
 
 
-# pi_U from pi_D (the v2 kernels, PU_FROM_PD; log2 units): pi_U[i, j] = pi_D[i, j] 2^(c2[j] + r_d2[i] - r_u2[i]),
-# split into a per-row and a per-key power of 2 with an offset that puts one of them in (0, 1]. The product
-# is used where the other is at most 2^PU_GUARD (checked once per backward program, before its loop; for
-# every key block in the forward, which else redoes its UNAS half directly), else pi_U is computed directly;
-# the proof that the product then loses less than 2^(PU_GUARD - 126) of a row's weight per element:
-# docs/math.md#hnas-pi_u-from-pi_d.
-PU_GUARD = 60.0  # log2 units
-
-
-@triton.jit
-def _row_gap(r_d, r_u, real):
-    """r_d - r_u at real rows, 0 elsewhere (r = +inf at padded rows: never inf - inf)."""
-    return tl.where(real, r_d, 0.0) - tl.where(real, r_u, 0.0)
-
-
-@triton.jit
-def _fixed_factor(x, real):
-    """(2^(x - kappa), kappa) for kappa = max of x over the real entries: a
-    factor in (0, 1] at real entries (1 at the max), 0 elsewhere (x may be
-    +inf there). No real entry: kappa = NEG_INIT (all factors 0)."""
-    kappa = tl.max(tl.where(real, x, NEG_INIT), 0)
-    return tl.exp2(tl.where(real, x - kappa, float("-inf"))), kappa
-
-
-@triton.jit
-def _moving_factor(y, real, kappa, GUARD: tl.constexpr):
-    """(2^(y + kappa) at the real entries, 0 elsewhere; the max of y + kappa over
-    them): where that max is at most GUARD, pi_U = pi_D times the two factors."""
-    e = tl.where(real, y + kappa, NEG_INIT)
-    return tl.exp2(tl.minimum(e, GUARD)), tl.max(e, 0)  # (the clamp: no inf where the guard fails)
-
-
 @triton.jit
 def _forward_tile(q, K, V, C, b, h, bh, offs_m, start_n, offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
                   TK, D, seed, INT64: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-                  PRECISION: tl.constexpr, EXP2: tl.constexpr):
+                  PRECISION: tl.constexpr):
     """What the forward reads and computes first for one key block: v, c
     (+inf at padded keys and past T_k: s - c = -inf, weight 0), the scores
-    s = Q K^T (EXP2: in log2 units) and the dropout bytes (0 without)."""
+    s = Q K^T and the dropout bytes (0 without)."""
     offs_n = _offsets(start_n, BLOCK_N, INT64)
     k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
     v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
     c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-    if EXP2:
-        s *= LOG2E
     byte = 0
     if DROPOUT:
         byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
@@ -218,19 +172,13 @@ def _forward_kernel(
     H, TQ, TK, D, drop_threshold,
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
     INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EXP2: tl.constexpr = False, PU_FROM_PD: tl.constexpr = False, PU_GUARD: tl.constexpr = PU_GUARD,
 ):
     """out = pi V for one query block: DNAS (softmax with key bias -c), and for
     HNAS the UNAS softmax of the same scores in a second accumulator. OUT and
     OD share the strides so_*. Key padding comes with c (+inf at padded keys,
     ``_column_lse_kernel``): no mask is loaded in the loop. Rows with no
     weight (padded queries, no real key) get r = +inf, which zeroes their
-    probabilities in the backward kernels without a mask either. EXP2 (the
-    v2 kernels, ``triton_flash_v2.py``): c and the r written in log2 units,
-    scores scaled by log2 e once after their matmul, powers of 2. PU_FROM_PD
-    (v2, with EXP2 and HYBRID): the UNAS block's probabilities from the DNAS
-    block's, 2^(s2 - m_u) = p_d 2^(c2 + m_d - m_u), a key factor and a row
-    factor instead of an exponential per score, guarded (``PU_GUARD``)."""
+    probabilities in the backward kernels without a mask either."""
     pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
     offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = _offsets(0, BLOCK_D, INT64)
@@ -248,38 +196,15 @@ def _forward_kernel(
         m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
         l_u = tl.zeros([BLOCK_M], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    worst = NEG_INIT  # PU_FROM_PD: the largest row-factor exponent over the tiles (the guard)
     for start_n in range(0, TK, BLOCK_N):
         v, c, s, byte = _forward_tile(q, K, V, C, b, h, bh, offs_m, start_n, offs_d, sk_b, sk_h, sk_t, sk_d,
-                                      sv_b, sv_h, sv_t, sv_d, TK, D, seed, INT64, BLOCK_N, DROPOUT, PRECISION, EXP2)
+                                      sv_b, sv_h, sv_t, sv_d, TK, D, seed, INT64, BLOCK_N, DROPOUT, PRECISION)
         # DNAS: softmax of s - c (step 4 as a key bias).
         m_d, l_d, acc_d, p_d = _online_softmax_step(m_d, l_d, acc_d, s - c[None, :], v, byte, t_pair, DROPOUT,
-                                                    PRECISION, EXP2)
+                                                    PRECISION)
         if HYBRID:  # UNAS: softmax of the same scores (step 3), padded keys (c = inf) left out
             s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
-            if PU_FROM_PD:  # 2^(s2 - m_u) = p_d 2^(c2 - kappa) 2^(m_d - m_u + kappa), kappa = max real c2 here
-                m_u_new = tl.maximum(m_u, tl.max(s_u, 1))
-                f_key, kappa = _fixed_factor(c, c < float("inf"))
-                f_row, tile_worst = _moving_factor(_row_gap(m_d, m_u_new, real_q), real_q, kappa, PU_GUARD)
-                worst = tl.maximum(worst, tile_worst)
-                l_u, acc_u = _online_accumulate(l_u, acc_u, p_d * f_key[None, :] * f_row[:, None],
-                                                tl.exp2(m_u - m_u_new), v, byte, t_pair, DROPOUT, PRECISION)
-                m_u = m_u_new
-            else:
-                m_u, l_u, acc_u, _ = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION,
-                                                          EXP2)
-    if HYBRID and PU_FROM_PD:
-        if worst > PU_GUARD:  # a tile's factors out of range: the UNAS part again, directly (no branch in the loop)
-            m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
-            l_u = tl.zeros([BLOCK_M], tl.float32)
-            acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-            for start_n in range(0, TK, BLOCK_N):
-                v, c, s, byte = _forward_tile(q, K, V, C, b, h, bh, offs_m, start_n, offs_d, sk_b, sk_h, sk_t, sk_d,
-                                              sv_b, sv_h, sv_t, sv_d, TK, D, seed, INT64, BLOCK_N, DROPOUT, PRECISION,
-                                              EXP2)
-                s_u = tl.where(c[None, :] < float("inf"), s, float("-inf"))
-                m_u, l_u, acc_u, _ = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION,
-                                                          EXP2)
+            m_u, l_u, acc_u, _ = _online_softmax_step(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     if DROPOUT:
@@ -288,14 +213,14 @@ def _forward_kernel(
         scale = 1.0
     l_d = tl.where(ok_d, l_d, 1.0)
     o_d = tl.where(ok_d[:, None], acc_d * (scale / l_d)[:, None], 0.0)
-    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + _log(l_d, EXP2), float("inf")), mask=offs_m < TQ)
+    tl.store(RD + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log(l_d), float("inf")), mask=offs_m < TQ)
     out_base = OUT + b * so_b + h * so_h
     if HYBRID:
         u = tl.load(U + h)
         ok_u = real_q & (l_u > 0)
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
-        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + _log(l_u, EXP2), float("inf")), mask=offs_m < TQ)
+        tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), float("inf")), mask=offs_m < TQ)
         _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
     else:
@@ -352,15 +277,12 @@ def _key_block(K, V, C, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H,
 
 @triton.jit
 def _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, start_n, TK, BLOCK_N: tl.constexpr,
-             DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr):
-    """One (keys, queries) tile of the key-major backward: scores s^T (EXP2:
-    in log2 units), pi_D^T (0 at padded keys and queries: c, r = inf), G / scale
+             DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """One (keys, queries) tile of the key-major backward: scores s^T, pi_D^T (0 at padded keys and queries: c, r = inf), G / scale
     = Z (dO V^T), the dropout bytes (0 without dropout) and the softmax
     gradient of the DNAS part at fixed c, t = pi_D (u G - E_D)."""
     s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
-    if EXP2:
-        s_t *= LOG2E
-    p_d = _exp(s_t - c[:, None] - r_d[None, :], EXP2)
+    p_d = tl.exp(s_t - c[:, None] - r_d[None, :])
     g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
     byte = 0
     if DROPOUT:
@@ -371,14 +293,11 @@ def _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, start_n, T
 
 @triton.jit
 def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte, t_pair,
-                HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, EXP2: tl.constexpr,
-                f_key, f_row, PU_FROM_PD: tl.constexpr = False):
+                HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
     """HNAS's UNAS part added to t (its column sum to tu, dL/du's to du), and
-    dv += (Z pi_H)^T dO (times scale at the end; pi_H = pi_D for DNAS).
-    PU_FROM_PD: pi_U = pi_D f_row f_key (``_unas_backward``)."""
+    dv += (Z pi_H)^T dO (times scale at the end; pi_H = pi_D for DNAS)."""
     if HYBRID:
-        t_u, du_j, p = _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2,
-                                      f_key, f_row, PU_FROM_PD)
+        t_u, du_j, p = _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g)
         tu += tl.sum(t_u, 1)
         t += t_u
         du += du_j
@@ -391,21 +310,13 @@ def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du
 
 
 @triton.jit
-def _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, EXP2: tl.constexpr,
-                   f_key, f_row, PU_FROM_PD: tl.constexpr):
+def _unas_backward(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g):
     """HNAS's UNAS part of a key-major tile (keys, queries): t_U = pi_U ((1 - u) G - E_U),
     this tile's dL/du = sum_i G (pi_D - pi_U) (times scale at the end) and the mixture
-    pi_H = u pi_D + (1 - u) pi_U. pi_U^T is 0 at padded keys (real_k) and queries (r_u = inf).
-    PU_FROM_PD (the program checked the guard): pi_U = (pi_D f_row) f_key, f_row = 2^(r_d - r_u - gamma)
-    (0 at padded queries) and f_key = 2^(c2 + gamma) (0 at padded keys) precomputed
-    (docs/math.md#hnas-pi_u-from-pi_d)."""
-    if not PU_FROM_PD:
-        r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+    pi_H = u pi_D + (1 - u) pi_U. pi_U^T is 0 at padded keys (real_k) and queries (r_u = inf)."""
+    r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
     e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-    if PU_FROM_PD:
-        p_u = p_d * f_row[None, :] * f_key[:, None]
-    else:
-        p_u = tl.where(real_k[:, None], _exp(s_t - r_u[None, :], EXP2), 0.0)
+    p_u = tl.where(real_k[:, None], tl.exp(s_t - r_u[None, :]), 0.0)
     t_u = p_u * ((1.0 - u) * scale * g - e_u[None, :])
     return t_u, tl.sum(g * (p_d - p_u), 1), u * p_d + (1.0 - u) * p_u
 
@@ -423,7 +334,7 @@ def _backward_kv_kernel(
     """dk, dv, dc (and this block's share of dL/du) for one key block; every
     tile is held transposed, (keys, queries). With SINKHORN, c is the last
     column normalizer a_n and XB the row normalizer b_{n-1} before it, so
-    that xi = exp(s - b_{n-1} - c) (``triton_sinkhorn.py``).
+    that xi = exp(s - b_{n-1} - c) (``sinkhorn.py``).
 
     dk uses the queries less QM, their mean over the real queries of this
     (batch, head): the DNAS part of ds sums to 0 over the real queries of
@@ -461,7 +372,7 @@ def _backward_kv_kernel(
         do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
         e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         s_t, p_d, g, byte, t = _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, pid_n * BLOCK_N,
-                                         TK, BLOCK_N, DROPOUT, PRECISION, False)
+                                         TK, BLOCK_N, DROPOUT, PRECISION)
         dc -= tl.sum(t, 1)  # dc[j] = -sum_i t[i, j]
         if SINKHORN:  # exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
             r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
@@ -473,7 +384,7 @@ def _backward_kv_kernel(
         qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)
         dk_x += tl.dot(xi.to(q.dtype), qc, input_precision=PRECISION)
         t, tu, du, dv = _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du, dv, do, byte,
-                                    t_pair, HYBRID, DROPOUT, PRECISION, False, 0.0, 0.0)
+                                    t_pair, HYBRID, DROPOUT, PRECISION)
         dk_t += tl.dot(t.to(q.dtype), qc, input_precision=PRECISION)
     # dk_j = sum_i ds[i, j] q_i, ds[i, j] = t[i, j] + xi[i, j] dc[j]: the sum over (q_i - mu),
     # plus mu times the column sum of ds, which only HNAS's UNAS part leaves
@@ -502,12 +413,11 @@ def _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, of
 
 @triton.jit
 def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m, offs_d,
-            sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row,
+            sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D,
             HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EXP2: tl.constexpr,
-            PU_FROM_PD: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """The query-major loop over the key blocks: dq of one query block
-    (``_backward_q_kernel``); PU_FROM_PD: pi_U = (pi_D f_row[i]) FK[j]."""
+    (``_backward_q_kernel``)."""
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n_end = TK
     if DROPOUT:  # At least one pass (for T_k = 0 it adds 0: every key is past T_k, c = inf), so that
@@ -521,20 +431,14 @@ def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, 
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
-        if EXP2:
-            s *= LOG2E
-        p_d = _exp(s - c[None, :] - r_d[:, None], EXP2)  # 0 at padded keys (c = inf) and queries (r_d = inf)
+        p_d = tl.exp(s - c[None, :] - r_d[:, None])  # 0 at padded keys (c = inf) and queries (r_d = inf)
         g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
             g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
         ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
-            if PU_FROM_PD:  # FK is 0 at padded keys, f_row 0 at padded queries
-                f_key = tl.load(FK + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
-                p_u = p_d * f_row[:, None] * f_key[None, :]
-            else:
-                p_u = tl.where(c[None, :] < float("inf"), _exp(s - r_u[:, None], EXP2), 0.0)  # padded keys: 0
+            p_u = tl.where(c[None, :] < float("inf"), tl.exp(s - r_u[:, None]), 0.0)  # padded keys: 0
             ds += p_u * ((1.0 - u) * scale * g - e_u[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     return dq
@@ -542,24 +446,19 @@ def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, 
 
 @triton.jit
 def _backward_q_kernel(
-    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ, DU_PART, DU, RF, FK, GAMMA,
+    Q, K, V, C, XB, U, SEED, DO, RD, RU, ED, EU, DC, DQ,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
     B, H, TQ, TK, D, drop_threshold,
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, SINKHORN: tl.constexpr,
     PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EXP2: tl.constexpr = False, SUM_DU: tl.constexpr = False, KV_BLOCK_N: tl.constexpr = 16,
-    PU_FROM_PD: tl.constexpr = False, PU_GUARD: tl.constexpr = PU_GUARD,
 ):
     """dq_i = sum_j ds[i, j] k_j for one query block, with dc from the kv pass.
 
-    The v2 kernels (``triton_flash_v2.py``) run it with EXP2 (c and r in log2
-    units, powers of 2), SUM_DU (``_sum_du``: dL/du added up here from the
-    kv pass's per-key-block sums, instead of a torch sum) and, where v2 turns
-    it on, PU_FROM_PD: pi_U = (pi_D RF[i]) FK[j] with the factors the kv pass
-    wrote, when the largest real c2 plus GAMMA passes the guard (checked once,
-    before the loop; else the loop's copy with the direct exponential).
+    B (the batch size) is not read: it keeps the integer parameters where
+    they were, so that ptxas loads them as before (without it, one more
+    load in the loop: the compiled code would no longer be the one timed).
 
     ds is float32 and rounded to the input dtype only for the matmul. Bound
     (float16): with G_max = max |G| = max |dO_i . v_j| / (1 - p) (dO carries
@@ -587,7 +486,7 @@ def _backward_q_kernel(
         r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     else:
         r_x = r_d
-    exp_r = tl.where(real_q, _exp(r_x, EXP2), 0.0)  # not 0 * exp(inf) = NaN at padded rows
+    exp_r = tl.where(real_q, tl.exp(r_x), 0.0)  # not 0 * exp(inf) = NaN at padded rows
     if HYBRID:
         u = tl.load(U + h)
         r_u = tl.load(RU + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
@@ -599,56 +498,15 @@ def _backward_q_kernel(
     # G = scale Z (dO V^T): the scale goes into u and 1 - u
     seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
-    f_row = 0.0
-    if HYBRID and PU_FROM_PD:  # pi_U = (pi_D RF[i]) FK[j], the factors of the key-major pass
-        worst = NEG_INIT  # the largest real c2 (a sweep of T_k floats): plus gamma, the guard of every tile
-        for start_n in range(0, TK, BLOCK_N):
-            c = tl.load(C + bh * TK + start_n + tl.arange(0, BLOCK_N), mask=start_n + tl.arange(0, BLOCK_N) < TK,
-                        other=float("inf"))
-            worst = tl.maximum(worst, tl.max(tl.where(c < float("inf"), c, NEG_INIT), 0))
-        f_row = tl.load(RF + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        # chosen once per program: a branch inside the loop makes ptxas serialize its wgmma
-        if worst + tl.load(GAMMA + bh) <= PU_GUARD:
-            dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
-                         offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
-                         PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, True)
-        else:
-            dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
-                         offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
-                         PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, False)
-    else:
-        dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
-                     offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, FK, f_row, HYBRID, DROPOUT,
-                     PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D, EXP2, False)
+    dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
+                 offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, HYBRID, DROPOUT,
+                 PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D)
     _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
-    if SUM_DU:
-        if (pid_m == 0) & (b == 0):
-            _sum_du(DU_PART, DU, B, H, h, TK, KV_BLOCK_N)
-
-
-@triton.jit
-def _sum_du(DU_PART, DU, B, H, h, TK, KV_BLOCK_N: tl.constexpr):
-    """DU[h] = the sum of DU_PART[b, h, :] over b and the cdiv(TK, KV_BLOCK_N)
-    key blocks, in a fixed order (deterministic)."""
-    blocks = tl.cdiv(TK, KV_BLOCK_N)
-    total = tl.zeros([KV_BLOCK_N], tl.float32)
-    for bb in range(0, B):
-        for start in range(0, blocks, KV_BLOCK_N):
-            offs = start + tl.arange(0, KV_BLOCK_N)
-            total += tl.load(DU_PART + (bb * H + h) * blocks + offs, mask=offs < blocks, other=0.0)
-    tl.store(DU + h, tl.sum(total, 0))
 
 
 # --------------------------------------------------------------------------
 # Launchers and autograd
 # --------------------------------------------------------------------------
-
-
-def _output_buffer(q: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, H, T, D) laid out as (T, B, H, D): the fairseq module's reshape of
-    the output to (T, B, C) is then a view (as in fused.py)."""
-    b, h, t, d = q.shape
-    return q.new_empty((t, b, h, d), dtype=dtype).permute(1, 2, 0, 3)
 
 
 def _gradient_buffer(x: Tensor) -> Tensor:
@@ -672,16 +530,10 @@ def query_mean(q: Tensor, qpad: Optional[Tensor]) -> Tensor:
     return mean.reshape(bsz, heads, d).float().contiguous()
 
 
-def call_facts(q: Tensor, k: Tensor, u: Optional[Tensor], kpad: Optional[Tensor], p_drop: float):
-    """((B, H, T_q, T_k, D), the dropout threshold, (HNAS?, dropout?, padding?)) of a call."""
-    threshold = dropout_threshold(p_drop)
-    return (*q.shape[:3], k.shape[2], q.shape[3]), threshold, (u is not None, threshold > 0, kpad is not None)
-
-
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     """Output, HNAS's O_D, the key bias c (DNAS: the column normalizer; with
     Sinkhorn iterations the last one, a_n), row lse's r_d (r_u) and, with
-    Sinkhorn iterations, the normalizer stacks (a, b) of triton_sinkhorn."""
+    Sinkhorn iterations, the normalizer stacks (a, b) of sinkhorn.py."""
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
     r_d = torch.empty((bsz, heads, tq), **f32)
@@ -696,7 +548,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
         c = lse_pass(k, q, *pads, torch.empty((bsz, heads, tk), **f32))
         normalizers = None
     else:
-        normalizers = triton_sinkhorn.normalizers(q, k, qpad_arg, kpad_arg, has_pad, sinkhorn_iters)
+        normalizers = sinkhorn.normalizers(q, k, qpad_arg, kpad_arg, has_pad, sinkhorn_iters)
         c = normalizers[0][-1]
     bm, bn, warps, stages = _tiles("forward", d, q.dtype)
     with on_device(q):
@@ -723,27 +575,24 @@ def backward_buffers(q: Tensor, k: Tensor, hybrid: bool, kv_block: int):
     return e_d, torch.empty((bsz, heads, tq), **f32), dc, torch.empty((bsz, heads, triton.cdiv(tk, kv_block)), **f32)
 
 
-def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers=None,
-              center_queries=True):
+def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers=None):
     """dq, dk, dv (each in a buffer of its own layout, ``_gradient_buffer``)
-    and du. ``center_queries=False`` takes mu = 0 in the kv pass (the
-    cancellation the mean removes; for the numerics test only)."""
+    and du."""
     bsz, heads, tq, d = q.shape
     tk = k.shape[2]
     threshold = dropout_threshold(p_drop)
     hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
-    f32 = dict(dtype=torch.float32, device=q.device)
     kv_m, kv_n, kv_warps, kv_stages = _tiles("backward_kv", d, q.dtype)
     e_d, e_u, dc, du_part = backward_buffers(q, k, hybrid, kv_n)
     dq, dk, dv = _gradient_buffer(q), _gradient_buffer(k), _gradient_buffer(v)
-    mu = query_mean(q, qpad) if center_queries else torch.zeros((bsz, heads, d), **f32)
+    mu = query_mean(q, qpad)
     qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
     u_arg = u if hybrid else c
-    sinkhorn = normalizers is not None
-    x_b = normalizers[1][-1] if sinkhorn else c  # b_{n-1}, the row bias of xi_n
+    rounds = normalizers is not None  # Sinkhorn iterations > 1
+    x_b = normalizers[1][-1] if rounds else c  # b_{n-1}, the row bias of xi_n
     int64 = needs_int64(q, k, v, do, out, dq, dk, dv)
     meta = dict(HAS_PAD=has_pad, INT64=int64, BLOCK_D=_block_d(d))
-    flags = dict(HYBRID=hybrid, DROPOUT=dropout, SINKHORN=sinkhorn, PRECISION=_precision(q.dtype), **meta)
+    flags = dict(HYBRID=hybrid, DROPOUT=dropout, SINKHORN=rounds, PRECISION=_precision(q.dtype), **meta)
     bm, _, warps, _ = _tiles("forward", d, q.dtype)
     with on_device(q):
         _backward_preprocess_kernel[grid(tq, bm, bsz, heads)](
@@ -758,14 +607,14 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
         )
         bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq, dc, dc, dc, dc, dc,
+            q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
             **{key: value for key, value in flags.items() if key != "HAS_PAD"},  # padding comes with c and r
         )
-        if sinkhorn:  # the chain through the earlier normalizers, added into dq and dk
-            triton_sinkhorn.backward_through_normalizers(
+        if rounds:  # the chain through the earlier normalizers, added into dq and dk
+            sinkhorn.backward_through_normalizers(
                 q, k, qpad_arg, kpad_arg, has_pad, *normalizers, dc, dq, dk)
     du = du_part.sum(dim=(0, 2)) if hybrid else None
     return dq, dk, dv, du
@@ -796,12 +645,6 @@ class TritonAttention(torch.autograd.Function):
         return dq, dk, dv, du, None, None, None, None, None
 
 
-def new_seed(device: torch.device) -> Tensor:
-    """A dropout seed drawn from torch's generator on ``device`` (no host sync),
-    so ``torch.manual_seed`` makes the masks reproducible."""
-    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
-
-
 def triton_attention(
     q: Tensor,
     k: Tensor,
@@ -813,7 +656,6 @@ def triton_attention(
     dropout_p: float = 0.0,
     seed: Optional[Tensor] = None,
     sinkhorn_iters: int = 1,
-    function: Optional[type] = None,
 ) -> Tensor:
     """DNAS (or, with ``hybrid_weight``, HNAS) attention output (B, H, T_q, D).
 
@@ -822,56 +664,13 @@ def triton_attention(
     (B, T) bool, True at padding; for self-attention pass the same tensor
     twice. ``dropout_p`` in [0, 1] drops the final probabilities with the
     Philox stream of ``seed`` (an int64 tensor of one element on q's device;
-    drawn with ``new_seed`` when None), at the rate ``effective_dropout_p``
-    (p rounded to a multiple of 1/256; ``triton_common``); p = 1 gives
-    zeros. ``sinkhorn_iters`` > 1 repeats the (column, row) normalization of
-    DNAS (``triton_sinkhorn.py``). ``function``: the autograd function that
-    runs other kernels with one normalization round (``triton_flash_v2``'s;
-    None: these).
+    drawn with ``common.new_seed`` when None), at the rate
+    ``common.effective_dropout_p`` (p rounded to a multiple of 1/256); p = 1
+    gives zeros. ``sinkhorn_iters`` > 1 repeats the (column, row)
+    normalization of DNAS (``sinkhorn.py``).
     """
     check_sinkhorn_iters(sinkhorn_iters)
-    dropout_threshold(dropout_p)  # a probability, else ValueError
-    if (key_padding_mask is None) != (query_padding_mask is None):
-        # The kernels take both masks or none; complete the missing one.
-        bsz = q.shape[0]
-        if key_padding_mask is None:
-            key_padding_mask = torch.zeros((bsz, k.shape[2]), dtype=torch.bool, device=q.device)
-        else:
-            query_padding_mask = torch.zeros((bsz, q.shape[2]), dtype=torch.bool, device=q.device)
-    if dropout_p > 0 and seed is None:
-        seed = new_seed(q.device)
-    if function is not None and sinkhorn_iters == 1:  # v2: no seed buffer without dropout (no fill)
-        return function.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask, float(dropout_p), seed)
+    kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
     if seed is None:
         seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
-    return TritonAttention.apply(q, k, v, hybrid_weight, key_padding_mask, query_padding_mask,
-                                 float(dropout_p), seed, sinkhorn_iters)
-
-
-@triton.jit
-def _dropout_mask_kernel(SEED, KEEP, H, TQ, TK, drop_threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m, bh, _, _ = _program(TQ, H, BLOCK_M, True)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    seed = tl.load(SEED)
-    for start_n in range(0, TK, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        keep = _keep(seed, bh, offs_m, start_n, TK, drop_threshold, BLOCK_N)
-        ptrs = KEEP + (bh * TQ + offs_m[:, None]) * TK + offs_n[None, :]
-        tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < TQ) & (offs_n[None, :] < TK))
-
-
-def dropout_mask(seed: Tensor, shape, p: float, block=None) -> Tensor:
-    """The (B, H, T_q, T_k) keep-mask the kernels draw for ``seed`` and drop
-    probability ``p`` (True = kept; kept values are scaled by
-    1 / (1 - ``effective_dropout_p(p)``)): for tests, ``need_weights`` and
-    anyone who wants to replay a dropout pattern. ``block`` (BLOCK_M,
-    BLOCK_N), multiples of 16, changes only the tiles it is drawn in."""
-    bsz, heads, tq, tk = shape
-    if dropout_threshold(p) == 256:  # p = 1: everything dropped (the kernels scale by 0)
-        return torch.zeros(shape, dtype=torch.bool, device=seed.device)
-    keep = torch.empty(shape, dtype=torch.int8, device=seed.device)
-    bm, bn = block or _tiles("column", 64, torch.float16)[:2]
-    with on_device(seed):
-        _dropout_mask_kernel[grid(tq, bm, bsz, heads)](seed, keep, heads, tq, tk, dropout_threshold(p),
-                                                       BLOCK_M=bm, BLOCK_N=bn)
-    return keep.bool()
+    return TritonAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed, sinkhorn_iters)
