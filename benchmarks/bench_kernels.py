@@ -6,8 +6,7 @@ B 8, H 16, D 64, float16, T 512 to 4096, attention dropout 0 and 0.1, no
 padding; then short inputs, B 128, H 16 (2,048 heads a call, Gigaword's
 sources), T 64 and 128, where the one-tile kernels (``triton/short.py``,
 "short") run beside the flash kernels (``triton/flash.py``) wherever
-``selection.short_max`` lets them (DNAS up to 128, HNAS up to 64 at head
-size 64). Per case: wall milliseconds a step (median over rounds,
+``selection.short_max`` lets them (up to 128 in half precision). Per case: wall milliseconds a step (median over rounds,
 synchronized), kernel milliseconds (the sum of the GPU kernels' own times in
 one profiled step, torch.profiler), kernels a step, and both as ratios to
 SDPA measured in the same run; beside them the floor that operation counts

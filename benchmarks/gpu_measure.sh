@@ -1,64 +1,49 @@
 #!/usr/bin/env bash
-# Take the GPU figures of docs/performance.md on a CUDA machine, in three
-# parts that each fit one 10-minute command (a lent machine's limit):
+# Take the GPU figures of docs/performance.md on a CUDA machine.
 #
-#   part1  the v2 and one-tile (v2-short) kernels' tests on the GPU
-#          (TESTS_V2), their float64 check (FAIRSEQ_DNAS_TRITON_KERNELS=v2
-#          python -m fairseq_dnas.check: check-v2.log), then the kernels alone
-#          against SDPA (benchmark.py --sections kernels: v1, v2, v2-short;
-#          kernels.json, kernels.md). The figure that decides AUTO_KERNELS.
-#   part2  the module, whole-model and generation benchmark with v2 selected,
-#          the model timed over MODEL_ROUNDS (40) updates (gpu-v2.json, gpu-v2.md).
-#   part3  tile timings for TILE_CASES_PART3 (head size 128; tiles.json,
-#          tiles.log), then fp16 training of the Gigaword paper-size model,
-#          transformer against transformer_hnas (HNAS's seconds per update;
-#          needs TRAIN_DATA: examples/gigaword/prepare.sh's OUT_DIR/bin).
+# The default step, quick, answers the questions that decide the attention
+# defaults in one command of about five minutes on an H100, compilation
+# included (a lent machine gives 10-minute commands): every kernel
+# configuration auto runs against float64, the kernels alone against SDPA,
+# and the module against fairseq's with and without attention dropout, time
+# and memory (benchmarks/gpu_quick.py: quick.jsonl, quick.md).
 #
-# The single steps stay available (STEPS=a,b,...): tests (TESTS), tiles,
-# benchmark (v1: gpu.json, gpu.md), tuned (the module section with
-# tiles.json), kernels, tests-v2, benchmark-v2, mask (the dropout mask
-# against the interpreter's), train (ARCHS).
+# Longer steps (STEPS=a,b,...), each about one 10-minute command or less:
+#   tests      the Triton tests on the GPU (TESTS; pytest-gpu.log)
+#   kernels    benchmark.py --sections kernels: both kernel sets at T 64 to 4096 (kernels.json, kernels.md)
+#   benchmark  the module, whole-model and generation sections (SECTIONS, MODEL_ROUNDS; gpu.json, gpu.md)
+#   tiles      tile timings for TILE_CASES (tiles.json, tiles.log); tuned: the module with them (tuned.*)
+#   mask       the dropout mask against the interpreter's (mask.log)
+#   train      fairseq-train --fp16 at the Gigaword paper size, ARCHS, TRAIN_UPDATES updates each
+#              (needs TRAIN_DATA: examples/gigaword/prepare.sh's OUT_DIR/bin)
 #
-#   STEPS=part1 OUT_DIR=$OUT bash benchmarks/gpu_measure.sh     # after scripts/install.sh (TORCH_SPEC=torch)
-#   bash benchmarks/gpu_measure.sh                                # part1,part2,part3
+#   OUT_DIR=$OUT bash benchmarks/gpu_measure.sh                  # after scripts/install.sh (TORCH_SPEC=torch)
+#   STEPS=tests,kernels OUT_DIR=$OUT bash benchmarks/gpu_measure.sh
 #
-# Safe to re-run: every output is rewritten (the JSON files through temporary files).
+# Safe to re-run: every output is rewritten.
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"                  # an interpreter with CUDA torch, fairseq and triton
 OUT_DIR="${OUT_DIR:-gpu-results}"            # where the logs and results go
-STEPS="${STEPS:-part1,part2,part3}"          # parts or steps (below), comma-separated, run in the order below
-SECTIONS="${SECTIONS:-module,model,generate}" # benchmark sections (crossover: dense vs triton)
-MODEL_ROUNDS="${MODEL_ROUNDS:-40}"           # benchmark-v2: timed updates per model (the v1 run had 10)
-TESTS="${TESTS:-tests/test_triton.py tests/test_triton_v2.py tests/test_triton_short.py tests/test_triton_tiles.py tests/test_kernels.py}"
-TESTS_V2="${TESTS_V2:-tests/test_triton_v2.py tests/test_triton_short.py}"
+STEPS="${STEPS:-quick}"                      # steps (above), comma-separated, run in the order listed below
+SECTIONS="${SECTIONS:-module,model,generate}" # step benchmark: benchmark.py sections
+MODEL_ROUNDS="${MODEL_ROUNDS:-40}"           # step benchmark: timed updates per model
+TESTS="${TESTS:-tests/test_triton.py tests/test_triton_short.py tests/test_triton_tiles.py tests/test_kernels.py}"
 TILE_CASES="${TILE_CASES:-fp16:64}"          # step tiles: cases benchmarks/triton_tiles.py times
-TILE_CASES_PART3="${TILE_CASES_PART3:-fp16:128}" # part3's tiles: head size 128, never timed
-TILE_VERSION="${TILE_VERSION:-v1}"           # step tiles: which kernels' tiles (v2: the file's "tiles_v2")
 MASK_REFERENCE="${MASK_REFERENCE:-}"         # step mask: the interpreter's masks (gpu_dropout_mask.py --interpreter); empty: computed there
 TRAIN_DATA="${TRAIN_DATA:-data/gigaword/bin}" # step train: examples/gigaword/prepare.sh's OUT_DIR/bin
 ARCHS="${ARCHS:-transformer transformer_dnas transformer_hnas}" # step train
 TRAIN_UPDATES="${TRAIN_UPDATES:-200}"        # step train: updates per model
 
 cd "$(dirname "$0")/.."
-ALL_STEPS="tests,tests-v2,tiles,benchmark,tuned,kernels,benchmark-v2,mask,train"
-expanded=""
+ALL_STEPS="quick,tests,kernels,benchmark,tiles,tuned,mask,train"
 for step in ${STEPS//,/ }; do
-  case "$step" in
-    part1) expanded+=",tests-v2,kernels" ;;
-    part2) expanded+=",benchmark-v2" ;;
-    part3)
-      expanded+=",tiles,train"
-      TILE_CASES="$TILE_CASES_PART3"
-      ARCHS="transformer transformer_hnas"
-      TRAIN_UPDATES=80 ;;
-    tests|tests-v2|tiles|benchmark|tuned|kernels|benchmark-v2|mask|train) expanded+=",$step" ;;
-    *)
-      echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from part1,part2,part3,$ALL_STEPS)" >&2
-      exit 2 ;;
-  esac
+  if [[ ",$ALL_STEPS," != *",$step,"* ]]; then
+    echo "gpu_measure.sh: unknown step '$step' in STEPS=$STEPS (choose from $ALL_STEPS)" >&2
+    exit 2
+  fi
 done
-has_step() { [[ "$expanded," == *",$1,"* ]]; }
+has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 "$PYTHON" - <<'PYCHECK'
 import sys, torch
@@ -68,25 +53,30 @@ print(f"[gpu_measure] {torch.cuda.get_device_name()}, torch {torch.__version__}"
 PYCHECK
 mkdir -p "$OUT_DIR"
 
+if has_step quick; then
+  echo "[gpu_measure] quick: exactness of every default kernel configuration, kernels alone, the module"
+  PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/gpu_quick.py --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/quick.log"
+fi
 if has_step tests; then
   echo "[gpu_measure] tests on the GPU: $TESTS"
   # shellcheck disable=SC2086  # TESTS is a list of paths
   "$PYTHON" -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT_DIR/pytest-gpu.log"
 fi
-if has_step tests-v2; then
-  echo "[gpu_measure] the v2 and one-tile kernels' tests on the GPU: $TESTS_V2"
-  # shellcheck disable=SC2086  # TESTS_V2 is a list of paths
-  "$PYTHON" -m pytest -q -p no:cacheprovider $TESTS_V2 2>&1 | tee "$OUT_DIR/pytest-gpu-v2.log"
-fi
-if has_step tiles; then
-  echo "[gpu_measure] tile timings: $TILE_CASES, $TILE_VERSION kernels"
-  "$PYTHON" benchmarks/triton_tiles.py --cases "$TILE_CASES" --version "$TILE_VERSION" --json "$OUT_DIR/tiles.json" 2>&1 \
-    | tee "$OUT_DIR/tiles.log"
+if has_step kernels; then
+  echo "[gpu_measure] both kernel sets alone against SDPA, T 64 to 4096"
+  PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py --device cuda --sections kernels \
+    --json "$OUT_DIR/kernels.json" --markdown "$OUT_DIR/kernels.md" 2>&1 | tee "$OUT_DIR/kernels.log"
 fi
 if has_step benchmark; then
-  echo "[gpu_measure] benchmark (built-in tiles): $SECTIONS"
+  echo "[gpu_measure] benchmark: $SECTIONS, $MODEL_ROUNDS model rounds"
   PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py --device cuda --sections "$SECTIONS" \
-    --json "$OUT_DIR/gpu.json" --markdown "$OUT_DIR/gpu.md" 2>&1 | tee "$OUT_DIR/benchmark.log"
+    --model-rounds "$MODEL_ROUNDS" --json "$OUT_DIR/gpu.json" --markdown "$OUT_DIR/gpu.md" 2>&1 \
+    | tee "$OUT_DIR/benchmark.log"
+fi
+if has_step tiles; then
+  echo "[gpu_measure] tile timings: $TILE_CASES"
+  "$PYTHON" benchmarks/triton_tiles.py --cases "$TILE_CASES" --json "$OUT_DIR/tiles.json" 2>&1 \
+    | tee "$OUT_DIR/tiles.log"
 fi
 if has_step tuned; then
   if [[ ! -s "$OUT_DIR/tiles.json" ]]; then
@@ -97,18 +87,6 @@ if has_step tuned; then
   FAIRSEQ_DNAS_TRITON_TILES="$OUT_DIR/tiles.json" PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py \
     --device cuda --sections module --json "$OUT_DIR/tuned.json" --markdown "$OUT_DIR/tuned.md" 2>&1 \
     | tee "$OUT_DIR/tuned.log"
-fi
-if has_step kernels; then
-  echo "[gpu_measure] v2 and v2-short kernels against float64 on this GPU, then v1, v2, v2-short timed against SDPA"
-  FAIRSEQ_DNAS_TRITON_KERNELS=v2 "$PYTHON" -m fairseq_dnas.check 2>&1 | tee "$OUT_DIR/check-v2.log"
-  PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py --device cuda --sections kernels \
-    --json "$OUT_DIR/kernels.json" --markdown "$OUT_DIR/kernels.md" 2>&1 | tee "$OUT_DIR/kernels.log"
-fi
-if has_step benchmark-v2; then
-  echo "[gpu_measure] benchmark with the v2 kernels (v2-short for short inputs): $SECTIONS, $MODEL_ROUNDS model rounds"
-  FAIRSEQ_DNAS_TRITON_KERNELS=v2 PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/benchmark.py --device cuda \
-    --sections "$SECTIONS" --model-rounds "$MODEL_ROUNDS" \
-    --json "$OUT_DIR/gpu-v2.json" --markdown "$OUT_DIR/gpu-v2.md" 2>&1 | tee "$OUT_DIR/benchmark-v2.log"
 fi
 if has_step mask; then
   echo "[gpu_measure] dropout mask against the interpreter's"

@@ -210,7 +210,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"device: {device_line(device)}")
     from fairseq_dnas.attention import selection, selfcheck
 
-    short = ("short for inputs up to selection.SHORT_MAX (T <= 64 or 128, half precision)"
+    short = ("short for inputs up to selection.SHORT_MAX (T <= 128, half precision)"
              if selection.short_mode() == "auto" else f"no one-tile kernels (${selection.SHORT_ENV}=0)")
     print(f"kernels: {short}, else flash (any length, any Sinkhorn iterations)")
 

@@ -29,14 +29,15 @@ SHORT_ENV = "FAIRSEQ_DNAS_TRITON_SHORT"
 SHORT_MODES = ("auto", "0")  # auto: the one-tile kernels wherever SHORT_MAX allows; 0: never
 # The longest T_q, T_k the one-tile kernels (triton/short.py) take, by input
 # kind (half: float16/bfloat16), head size class and scheme; 0: never. A CTA
-# holds the whole score block; these are the tiles whose kernels compile for
-# sm_90 without register spills (benchmarks/triton_spills.py; the figures:
-# docs/results/). At 128 x 128 the HNAS backward (three float32 score tiles)
-# and DNAS at head size 128 spill: 64. float32 spills even at 64: never.
-# At most short.BLOCK_MAX (128).
+# holds the whole score block, at most short.BLOCK_MAX (128) a side. In half
+# precision both schemes and both head sizes go to 128: on an H100 their GPU
+# time is below the long kernels' in every case measured, including the
+# 128 x 128 tiles where ptxas spills registers (HNAS, head size 128;
+# docs/results/2026-11-27-h100-one-tile-defaults.md). float32 (products on
+# the FMA units) spills kilobytes even at 64 and runs the long kernels.
 SHORT_MAX = {
-    ("half", 64, "dnas"): 128, ("half", 64, "hnas"): 64,
-    ("half", 128, "dnas"): 64, ("half", 128, "hnas"): 64,
+    ("half", 64, "dnas"): 128, ("half", 64, "hnas"): 128,
+    ("half", 128, "dnas"): 128, ("half", 128, "hnas"): 128,
     ("float32", 64, "dnas"): 0, ("float32", 64, "hnas"): 0,
     ("float32", 128, "dnas"): 0, ("float32", 128, "hnas"): 0,
 }
