@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import sys
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -143,7 +144,9 @@ def attention_function(kernels: str) -> Callable[..., Tensor]:
     every set takes the same arguments and draws the same dropout mask."""
     if kernels not in KERNEL_SETS:
         raise ValueError(f"unknown Triton kernel set {kernels!r}; choose one of {', '.join(KERNEL_SETS)}")
-    return importlib.import_module(f"fairseq_dnas.attention.triton.{kernels}").triton_attention
+    name = f"fairseq_dnas.attention.triton.{kernels}"
+    module = sys.modules.get(name) or importlib.import_module(name)  # once imported, a dict lookup a call
+    return module.triton_attention
 
 
 def dropout_p(dropout: Optional[Callable[[Tensor], Tensor]]) -> Optional[float]:

@@ -365,10 +365,23 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _block_d(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_power_of_2(d))
 
 
 INT32_LIMIT = 2**31
+
+
+# Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are
+# constexpr functions whose Python call goes through Triton's JIT machinery
+# (about 10 us each on a 2-core CPU); a step calls them several times, and at
+# Gigaword's sizes a step on a GPU is bound by the host.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def needs_int64(*tensors: Tensor) -> bool:
@@ -381,7 +394,7 @@ def needs_int64(*tensors: Tensor) -> bool:
 
 def grid(t: int, block: int, bsz: int, heads: int) -> Tuple[int]:
     """The 1-D grid of ``_program``; refuses a launch beyond axis 0's limit."""
-    programs = triton.cdiv(t, block) * bsz * heads
+    programs = cdiv(t, block) * bsz * heads
     if programs >= INT32_LIMIT:
         raise ValueError(f"attention path 'triton': {programs} programs (B * H * cdiv(T, {block})) exceed "
                          "the 2**31 - 1 a grid allows; split the batch")

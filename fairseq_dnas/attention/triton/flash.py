@@ -88,6 +88,7 @@ from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.attention.triton import sinkhorn
 from fairseq_dnas.attention.triton.common import (
     NEG_INIT,
+    cdiv,
     STAGES,
     _block_d,
     _dropout_bytes,
@@ -572,7 +573,7 @@ def backward_buffers(q: Tensor, k: Tensor, hybrid: bool, kv_block: int):
     dc = torch.empty((bsz, heads, tk), **f32)
     if not hybrid:
         return e_d, e_d, dc, dc
-    return e_d, torch.empty((bsz, heads, tq), **f32), dc, torch.empty((bsz, heads, triton.cdiv(tk, kv_block)), **f32)
+    return e_d, torch.empty((bsz, heads, tq), **f32), dc, torch.empty((bsz, heads, cdiv(tk, kv_block)), **f32)
 
 
 def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, normalizers=None):

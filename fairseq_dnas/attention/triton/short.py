@@ -69,7 +69,7 @@ from torch import Tensor
 from fairseq_dnas.attention.triton.common import (
     INTERPRETED, LOG2E, _block_d, _dropout_bytes, _dropout_setup, _dropped, _load_tile, _offsets, _output_buffer,
     _pad_arg, _precision, _program, _real, _store_tile, _strides, call_facts, grid, needs_int64, on_device,
-    prepare_call, tile_case)
+    next_power_of_2, prepare_call, tile_case)
 
 BLOCK_MAX = 128  # the largest tile: a 128 x 128 float32 score block a CTA
 # Warps per CTA by (input kind, head size class) and tile side (32: 16 and
@@ -91,7 +91,7 @@ SHORT_WARPS = {
 
 def block_size(tq: int, tk: int) -> int:
     """The tile's side: the next power of two >= max(T_q, T_k), at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(max(tq, tk, 1)))
+    return max(16, next_power_of_2(max(tq, tk, 1)))
 
 
 def _warps(kernel: str, d: int, dtype: torch.dtype, block: int) -> int:
