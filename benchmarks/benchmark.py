@@ -63,16 +63,16 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the bench_* modules beside this file
-
-import bench_common as common  # noqa: E402
-from bench_common import DTYPES, log, machine  # noqa: E402
-from bench_kernels import kernels_section  # noqa: E402
-from bench_model import generate_section, model_section  # noqa: E402
-from bench_module import crossover_section, module_section  # noqa: E402
-from bench_report import merge_results, render_markdown, target_report  # noqa: E402
-from fairseq_dnas.analysis.files import write_json  # noqa: E402  (temporary file, then rename)
-from fairseq_dnas.attention import kernels  # noqa: E402
+# The bench_* modules beside this file import as `python benchmarks/benchmark.py`
+# puts this folder first on sys.path.
+import bench_common as common
+from bench_common import DTYPES, log, machine
+from bench_kernels import kernels_section
+from bench_model import generate_section, model_section
+from bench_module import crossover_section, module_section
+from bench_report import merge_results, render_markdown, target_report
+from fairseq_dnas.analysis.files import write_json  # temporary file, then rename
+from fairseq_dnas.attention import kernels
 
 
 def __getattr__(name):

@@ -64,7 +64,6 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "fairseq_dnas")
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # the float64 reference
 
 TINY = [
     "--encoder-layers", "2", "--decoder-layers", "1",
@@ -209,7 +208,7 @@ def encode_with_reference(model, tokens, lengths):
     """The same model with every encoder self-attention replaced by the
     float64 reference (instance-level ``forward``; torch 1.12 forward hooks
     cannot see keyword arguments). Returns (output, reference calls)."""
-    from reference import reference_self_attention
+    from fairseq_dnas.reference import reference_self_attention
 
     calls = [0]
 

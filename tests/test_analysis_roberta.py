@@ -1,7 +1,7 @@
 """The analysis scripts on encoder-only RoBERTa checkpoints (roberta,
 roberta_dnas, roberta_hnas; --task masked_lm and sentence_prediction):
-scripts/plot_hybrid_weights.py reads u per layer and head, and
-scripts/explaining_away.py measures sum_i pi_ij of the encoder self-attention
+fairseq_dnas/commands/plot_hybrid_weights.py reads u per layer and head, and
+fairseq_dnas/commands/explaining_away.py measures sum_i pi_ij of the encoder self-attention
 on held-out text fed as '<s> sentence </s>' (Definition 1, Theorem 2).
 
 The checkpoints are fairseq-train's own (a few updates on a tiny synthetic
@@ -20,12 +20,9 @@ import numpy as np
 import pytest
 import torch
 from helpers import ROOT, USER_DIR, WORDS, run
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
-SCRIPTS = os.path.join(ROOT, "scripts")
-sys.path.insert(0, SCRIPTS)
-import explaining_away  # noqa: E402
-import plot_hybrid_weights  # noqa: E402
+from fairseq_dnas.commands import explaining_away, plot_hybrid_weights
 
 import fairseq_dnas.plugin  # noqa: E402,F401  (fairseq checkpoint loading under torch >= 2.6)
 

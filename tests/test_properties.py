@@ -34,7 +34,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas import attention_probs
 from fairseq_dnas.attention import kernels

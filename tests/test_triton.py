@@ -11,7 +11,7 @@ interpreter accepts code the compiler rejects) and tests the tile tools.
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_probs, reference_self_attention
+from fairseq_dnas.reference import reference_probs, reference_self_attention
 
 from fairseq_dnas.attention import functional as AF
 from fairseq_dnas.attention import kernels

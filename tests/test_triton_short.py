@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_self_attention
+from fairseq_dnas.reference import reference_self_attention
 from test_triton import _float64_autograd, module_gradients_match_materialized
 from test_triton_v2 import (DEVICE, F16, F32, _check_against_float64, _inputs, _masks, check_bitwise_repeatable,
                             check_exactness, check_head_size, check_same_as_v1, check_strided_views)

@@ -157,11 +157,8 @@ def test_tuner_times_the_v2_kernels_into_their_own_section(tmp_path):
 
 
 def _tuner():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import triton_tiles
-    finally:
-        sys.path.pop(0)
+    import triton_tiles  # benchmarks/ (tests/conftest.py puts it on sys.path)
+
     return triton_tiles
 
 

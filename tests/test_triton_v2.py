@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_self_attention
+from fairseq_dnas.reference import reference_self_attention
 from test_triton import TOL, _float64_autograd, _grad_tol, module_gradients_match_materialized
 
 from fairseq_dnas.attention import kernels, selfcheck, triton_common
