@@ -132,7 +132,7 @@ def test_one_weight_per_layer_is_shown_for_every_head(tmp_path):
     from helpers import build_model, tiny_args
     from omegaconf import OmegaConf
 
-    from fairseq_dnas.analysis.hybrid import read_hybrid_weights
+    from fairseq_dnas.loading import read_hybrid_weights
 
     args = tiny_args("transformer_hnas", ["--hybrid-weight-per", "layer", "--hybrid-init", "0.2"])
     model = build_model("transformer_hnas", args=args)

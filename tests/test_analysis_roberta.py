@@ -153,7 +153,7 @@ def _one_error_line(status, captured, *needles):
 
 
 def test_u_per_layer_and_head_is_sigmoid_of_the_stored_logits(tiny, tmp_path, capsys):
-    from fairseq_dnas.analysis.hybrid import read_hybrid_weights
+    from fairseq_dnas.loading import read_hybrid_weights
 
     paths = [tiny["ckpt"]["hnas"], tiny["ckpt"]["hnas_sst"]]  # masked_lm and sentence_prediction
     for path in paths:
@@ -196,7 +196,7 @@ def test_captured_column_sums_match_the_float64_reference(tiny, name):
     encoder: per-head probabilities and column sums over the real queries
     against Algorithm 1 in float64; the recorder counts the real keys only."""
     from fairseq_dnas.analysis.capture import attention_sites, call_kwargs, head_probs
-    from fairseq_dnas.analysis.checkpoints import load_model
+    from fairseq_dnas.loading import load_model
     from fairseq_dnas.analysis.column_sums import column_sums
     from fairseq_dnas.analysis.explaining_away import ColumnSumRecorder, load_split
 

@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from fairseq_dnas.analysis.checkpoints import DataMismatch, encoder_scheme, load_model
+    from fairseq_dnas.analysis.checkpoints import DataMismatch, encoder_scheme
+    from fairseq_dnas.loading import load_model
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     results = []  # (label, scheme, recorder, info)

@@ -28,8 +28,9 @@ import argparse
 import sys
 
 from fairseq_dnas.analysis.files import write_csv
-from fairseq_dnas.analysis.hybrid import NoHybridWeights, read_hybrid_weights
+from fairseq_dnas.analysis.hybrid import NoHybridWeights
 from fairseq_dnas.errors import BadFile
+from fairseq_dnas.loading import read_hybrid_weights
 
 
 def parse_args(argv):

@@ -43,7 +43,8 @@ ATTENTIONS = ("encoder", "cross")
 
 
 def load(checkpoint, data):
-    from fairseq_dnas.analysis.checkpoints import DataMismatch, load_model
+    from fairseq_dnas.analysis.checkpoints import DataMismatch
+    from fairseq_dnas.loading import load_model
     from fairseq_dnas.errors import BadFile
 
     try:
