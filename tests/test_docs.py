@@ -252,3 +252,29 @@ def test_no_test_counts_in_guides():
         with open(os.path.join(ROOT, name), encoding="utf-8") as f:
             hits += [f"{name}:{i}" for i, line in enumerate(f, 1) if pattern.search(line)]
     assert not hits, "test counts in guides: " + ", ".join(hits)
+
+
+RECIPES_WITH_CURRENT_RESULTS = ("discrete",)
+
+
+def test_recipe_result_tables_are_their_records():
+    """A recipe README's current results are copies of its dated record:
+    every table row there (with a figure) is a row of a record the section
+    links in docs/results/."""
+    for recipe in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+        path = os.path.join(ROOT, "examples", recipe, "README.md")
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        m = re.search(r"\n## Current results\n(.*?)(?:\n## |\Z)", text, re.S)
+        if m is None:
+            assert recipe not in RECIPES_WITH_CURRENT_RESULTS, f"examples/{recipe}/README.md: no current results"
+            continue
+        records = set(re.findall(r"\]\(\.\./\.\./docs/results/([\w.-]+\.md)(?:#[\w-]+)?\)", m.group(1)))
+        assert records, f"examples/{recipe}/README.md: current results without a record in docs/results/"
+        record_text = "".join(open(os.path.join(ROOT, "docs", "results", r), encoding="utf-8").read() for r in records)
+        rows = [line for line in m.group(1).splitlines() if line.startswith("|") and re.search(r"\d", line)]
+        assert rows
+        stray = [row for row in rows if row not in record_text]
+        assert not stray, f"examples/{recipe}/README.md rows not in {sorted(records)}: {stray}"
