@@ -9,7 +9,7 @@ module    attention module forward+backward (training mode) at hidden 768,
           12 heads and 128 / 512 / 2048 / 4096 positions with about 4096
           tokens per batch (CPU; 16,384 on CUDA): time, peak memory, and the
           output error of the attention against the float64 reference
-          (tests/reference.py; on CUDA measured on a float32 copy of the
+          (fairseq_dnas/reference.py; on CUDA measured on a float32 copy of the
           module, since half-precision outputs differ by their rounding).
           Rows: fairseq (``F.multi_head_attention_forward``, as fairseq's
           encoder runs it), unas (this plugin's module in 'unas' mode, which

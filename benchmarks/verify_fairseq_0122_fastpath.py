@@ -17,7 +17,7 @@ script shows, on real fairseq 0.12.2 code:
       (and it computes the same as fairseq's softmax attention);
   (b) ``transformer_dnas`` / ``transformer_hnas`` loaded the same way never
       take it, and their encoder output equals a float64 recomputation of
-      Algorithm 1 (tests/reference.py) and differs from the same weights in
+      Algorithm 1 (fairseq_dnas/reference.py) and differs from the same weights in
       the plain ``transformer``;
   (c) the guard is what makes the difference: the same DNAS layer with the
       ``can_use_fastpath`` property removed takes the fast path and outputs

@@ -244,7 +244,7 @@ def test_the_scheme_runs_not_softmax():
 )
 def test_sinkhorn_iterations_match_float64_reference(scheme, iters, padding, tk, dtype):
     """sinkhorn_iters > 1 without a T x T matrix: output against Algorithm 1
-    repeated (tests/reference.py), gradients against float64 autograd."""
+    repeated (fairseq_dnas/reference.py), gradients against float64 autograd."""
     q, k, v = _qkv(dtype, tk=tk)
     u = _u()
     qmask = _mask(padding)
