@@ -94,3 +94,17 @@ def test_importing_the_package_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT},
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_setup_installs_a_console_script_per_command(monkeypatch):
+    """setup.py's console scripts are the commands (read without installing)."""
+    import setuptools
+
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
+    monkeypatch.chdir(ROOT)
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        exec(compile(f.read(), "setup.py", "exec"), {"__name__": "setup"})
+    scripts = captured["entry_points"]["console_scripts"]
+    assert scripts == [f"fairseq-dnas-{n.replace('_', '-')} = fairseq_dnas.commands.{n}:main" for n in COMMANDS]
+    assert {"fairseq_dnas.commands", "fairseq_dnas.recipes"} <= set(captured["packages"])
