@@ -309,7 +309,7 @@ def _rewired(checkpoint, path):
 
 
 def test_faithfulness_script_reports_the_field_of_discrete_encoders(penalized, tmp_path):
-    import sentence_classify
+    from fairseq_dnas.commands import sentence_classify
 
     test = penalized["files"]["test"]
     out = {arch: tmp_path / f"{arch}.jsonl" for arch in DISCRETE}
