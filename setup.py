@@ -12,7 +12,15 @@ docs/installation.md for why):
    dependencies, listed below since fairseq was installed without them.
 """
 
+import ast
+
 from setuptools import find_packages, setup
+
+# The names in fairseq_dnas/commands/__init__.py's COMMANDS, read without
+# importing the package (its dependencies are not installed yet).
+with open("fairseq_dnas/commands/__init__.py", encoding="utf-8") as _f:
+    COMMANDS = next(ast.literal_eval(node.value) for node in ast.parse(_f.read()).body
+                    if isinstance(node, ast.Assign) and node.targets[0].id == "COMMANDS")
 
 # fairseq 0.12's runtime requirements minus torchaudio (only its speech models
 # use it, and every torchaudio release pins an exact torch).
@@ -70,6 +78,13 @@ setup(
         # Tested with transformers 5.17.0 (the project's GPU machine) and
         # 5.23.0 (newest on the index when written); Trainer needs accelerate.
         "hf": ["transformers>=5.17,<5.24", "accelerate>=1.1.0"],
+    },
+    # The user commands (fairseq_dnas/commands): fairseq-dnas-rouge-eval, ...;
+    # each is also `python -m fairseq_dnas.commands.<name>`.
+    entry_points={
+        "console_scripts": [
+            f"fairseq-dnas-{name.replace('_', '-')} = fairseq_dnas.commands.{name}:main" for name in COMMANDS
+        ],
     },
     license="MIT",
 )

@@ -7,16 +7,13 @@ import os
 import platform
 import resource
 import statistics
-import sys
 import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # reference.py: the float64 Algorithm 1
+from fairseq_dnas.attention import kernels
 
-from fairseq_dnas.attention import kernels  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USER_DIR = os.path.join(ROOT, "fairseq_dnas")
 SCHEME_CASES = {  # case name -> (scheme, sinkhorn_iters)

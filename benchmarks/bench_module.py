@@ -60,7 +60,7 @@ def fwd_bwd(module, x, mask, grad, path=None):
 def attention_error(module, x, mask, path=None):
     """Max |attention output - float64 Algorithm 1| over real positions, for
     the q, k, v that ``module`` computes from ``x`` (attention core only)."""
-    from reference import reference_probs
+    from fairseq_dnas.reference import reference_probs
 
     module = copy.deepcopy(module).float()  # half-precision outputs differ by their rounding
     x = x.float()

@@ -24,12 +24,8 @@ import sys
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-import bench_common as common  # noqa: E402
-from bench_hf import timed_rounds  # noqa: E402  (wall and CPU time, interleaved)
+import bench_common as common
+from bench_hf import timed_rounds  # wall and CPU time, interleaved
 
 TARGETS = {"roberta_dnas": 1.05, "roberta_hnas": 1.10}
 ARCHS = ("roberta", "roberta_dnas", "roberta_hnas")

@@ -9,7 +9,7 @@ module    attention module forward+backward (training mode) at hidden 768,
           12 heads and 128 / 512 / 2048 / 4096 positions with about 4096
           tokens per batch (CPU; 16,384 on CUDA): time, peak memory, and the
           output error of the attention against the float64 reference
-          (tests/reference.py; on CUDA measured on a float32 copy of the
+          (fairseq_dnas/reference.py; on CUDA measured on a float32 copy of the
           module, since half-precision outputs differ by their rounding).
           Rows: fairseq (``F.multi_head_attention_forward``, as fairseq's
           encoder runs it), unas (this plugin's module in 'unas' mode, which
@@ -63,16 +63,16 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the bench_* modules beside this file
-
-import bench_common as common  # noqa: E402
-from bench_common import DTYPES, log, machine  # noqa: E402
-from bench_kernels import kernels_section  # noqa: E402
-from bench_model import generate_section, model_section  # noqa: E402
-from bench_module import crossover_section, module_section  # noqa: E402
-from bench_report import merge_results, render_markdown, target_report  # noqa: E402
-from fairseq_dnas.analysis.files import write_json  # noqa: E402  (temporary file, then rename)
-from fairseq_dnas.attention import selection  # noqa: E402
+# The bench_* modules beside this file import as `python benchmarks/benchmark.py`
+# puts this folder first on sys.path.
+import bench_common as common
+from bench_common import DTYPES, log, machine
+from bench_kernels import kernels_section
+from bench_model import generate_section, model_section
+from bench_module import crossover_section, module_section
+from bench_report import merge_results, render_markdown, target_report
+from fairseq_dnas.analysis.files import write_json  # temporary file, then rename
+from fairseq_dnas.attention import selection
 
 
 def __getattr__(name):

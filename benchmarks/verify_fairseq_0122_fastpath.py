@@ -17,7 +17,7 @@ script shows, on real fairseq 0.12.2 code:
       (and it computes the same as fairseq's softmax attention);
   (b) ``transformer_dnas`` / ``transformer_hnas`` loaded the same way never
       take it, and their encoder output equals a float64 recomputation of
-      Algorithm 1 (tests/reference.py) and differs from the same weights in
+      Algorithm 1 (fairseq_dnas/reference.py) and differs from the same weights in
       the plain ``transformer``;
   (c) the guard is what makes the difference: the same DNAS layer with the
       ``can_use_fastpath`` property removed takes the fast path and outputs
@@ -64,7 +64,6 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "fairseq_dnas")
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # the float64 reference
 
 TINY = [
     "--encoder-layers", "2", "--decoder-layers", "1",
@@ -209,7 +208,7 @@ def encode_with_reference(model, tokens, lengths):
     """The same model with every encoder self-attention replaced by the
     float64 reference (instance-level ``forward``; torch 1.12 forward hooks
     cannot see keyword arguments). Returns (output, reference calls)."""
-    from reference import reference_self_attention
+    from fairseq_dnas.reference import reference_self_attention
 
     calls = [0]
 

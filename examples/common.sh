@@ -16,7 +16,7 @@
 # Which Python runs everything: $PYTHON if set, else the repository's .venv
 # (what scripts/install.sh makes), else python3 from PATH. PYTHON may be a
 # path or a command name on PATH (PYTHON=python3). fairseq's tools are
-# started through that interpreter (scripts/run_fairseq.py, and
+# started through that interpreter (fairseq_dnas/recipes/run_fairseq.py, and
 # python -m torch.distributed.run for torchrun), so no console script from
 # another environment can sneak in.
 
@@ -29,6 +29,10 @@ if [ -z "${PYTHON:-}" ]; then
   fi
 fi
 USER_DIR="${USER_DIR:-$REPO/fairseq_dnas}"
+# The commands run as `python -m fairseq_dnas.commands.X` and
+# `python -m fairseq_dnas.recipes.X`: this checkout's package, also where the
+# interpreter has another copy installed.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # say TEXT...: one line "[script] TEXT" on stderr (script: the recipe's name).
 say() { echo "[$(basename "$0" .sh)] $*" >&2; }
@@ -37,7 +41,7 @@ die() { echo "[$(basename "$0" .sh)] error: $*" >&2; exit 1; }
 
 # check_python: makes PYTHON the full path of an interpreter that has fairseq,
 # fairseq_dnas, sentencepiece and rouge-score, or dies saying how to get one.
-# The import check (scripts/check_python.py: about 7 s the first time, then
+# The import check (examples/check_python.py: about 7 s the first time, then
 # remembered per installation) runs once per run: FAIRSEQ_DNAS_CHECKED_PYTHON,
 # exported, tells the scripts started from here that it was done.
 check_python() {
@@ -50,8 +54,8 @@ check_python() {
   PYTHON="$found"
   [ "${FAIRSEQ_DNAS_CHECKED_PYTHON:-}" = "$PYTHON" ] && return 0
   local why
-  why="$("$PYTHON" "$REPO/scripts/check_python.py" 2>/dev/null)" \
-    || die "$PYTHON lacks fairseq, fairseq_dnas, sentencepiece or rouge-score (${why:-it cannot run scripts/check_python.py}); run 'bash scripts/install.sh' (or set PYTHON to the environment that has them)"
+  why="$("$PYTHON" "$REPO/examples/check_python.py" 2>/dev/null)" \
+    || die "$PYTHON lacks fairseq, fairseq_dnas, sentencepiece or rouge-score (${why:-it cannot run examples/check_python.py}); run 'bash scripts/install.sh' (or set PYTHON to the environment that has them)"
   export FAIRSEQ_DNAS_CHECKED_PYTHON="$PYTHON"
 }
 
@@ -131,7 +135,7 @@ split_batch() {
 
 # ------------------------------------------------------------ fairseq-train launch
 
-# fairseq_train_launch: how to start fairseq-train (scripts/run_fairseq.py
+# fairseq_train_launch: how to start fairseq-train (fairseq_dnas/recipes/run_fairseq.py
 # train: fairseq's own CLI, with bad files reported in one line) on this
 # node. Reads DEVICE (cpu|gpu, from check_run_settings), NPROC, NNODES, WORLD,
 # NODE_RANK, MASTER_ADDR, MASTER_PORT (multi-node), CPU_THREADS (CPU: the
@@ -151,8 +155,8 @@ fairseq_train_launch() {
               --node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-127.0.0.1}"
               --master_port "${MASTER_PORT:-29500}")
   fi
-  LAUNCH=("$PYTHON" "$REPO/scripts/run_fairseq.py" train)
-  [ "$WORLD" -gt 1 ] && LAUNCH=("${torchrun[@]}" "$REPO/scripts/run_fairseq.py" train)
+  LAUNCH=("$PYTHON" -m fairseq_dnas.recipes.run_fairseq train)
+  [ "$WORLD" -gt 1 ] && LAUNCH=("${torchrun[@]}" -m fairseq_dnas.recipes.run_fairseq train)
   if [ "$DEVICE" = gpu ]; then
     LAUNCH_ARGS=(--fp16)
     # fairseq reads torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE).
@@ -273,7 +277,7 @@ _reap_job() {
 
 # ------------------------------------------------------------ progress lines
 
-# start_progress KIND FILE TOTAL [scripts/progress.py options]: shows on the
+# start_progress KIND FILE TOTAL [fairseq_dnas/recipes/progress.py options]: shows on the
 # console (stderr) how far the job writing FILE is, until stop_progress:
 #   train: FILE is fairseq-train's log; TOTAL the updates in all
 #          ("[train] update 300/1500 (20%) loss 5.21 elapsed 2m10s left 8m40s",
@@ -291,7 +295,7 @@ start_progress() {
   PROGRESS_PID=""
   [ "${PROGRESS:-1}" = 0 ] && return 0
   local shell="$BASHPID"  # this shell (read here: inside "... &" it is the child's own id)
-  "$PYTHON" "$REPO/scripts/progress.py" "$kind" "$file" --total "$total" --watch "$shell" "$@" &
+  "$PYTHON" -m fairseq_dnas.recipes.progress "$kind" "$file" --total "$total" --watch "$shell" "$@" &
   PROGRESS_PID=$!
   trap stop_progress EXIT
   return 0
@@ -332,7 +336,7 @@ run_with_line_progress() {
 }
 
 # last_error_line FILE FROM_BYTE: prints the last line of FILE after byte
-# FROM_BYTE that starts with "error: " (scripts/run_fairseq.py's one-line
+# FROM_BYTE that starts with "error: " (fairseq_dnas/recipes/run_fairseq.py's one-line
 # report of a bad checkpoint or data file), without that prefix; nothing if none.
 last_error_line() {
   tail -c +"$(( $2 + 1 ))" "$1" 2>/dev/null | grep -a '^error: ' | tail -1 | sed 's/^error: //' || true
@@ -363,7 +367,7 @@ run_fairseq_train() {
   exit "$status"
 }
 
-# run_fairseq_generate OUT_PREFIX TOTAL CMD...: runs CMD (scripts/run_fairseq.py
+# run_fairseq_generate OUT_PREFIX TOTAL CMD...: runs CMD (fairseq_dnas/recipes/run_fairseq.py
 # generate ...) with its output in OUT_PREFIX.generate.log (written as .tmp,
 # renamed when CMD succeeds: no half log passes for a whole one) and its
 # stderr in OUT_PREFIX.generate.err; the console shows the sentences decoded
@@ -402,10 +406,10 @@ device_args() { if [ "$1" = gpu ]; then echo --fp16; else echo --cpu; fi; }
 
 # collect_hypotheses OUT_PREFIX SOURCES: OUT_PREFIX.generate.log's best
 # hypotheses in the order of SOURCES (the encoded input, a line each), with
-# SentencePiece removed, into OUT_PREFIX.hyp (scripts/collect_hypotheses.py:
+# SentencePiece removed, into OUT_PREFIX.hyp (fairseq_dnas/recipes/collect_hypotheses.py:
 # refuses a log that misses or repeats a sentence).
 collect_hypotheses() {
-  "$PYTHON" "$REPO/scripts/collect_hypotheses.py" --generate-log "$1.generate.log" --sources "$2" \
+  "$PYTHON" -m fairseq_dnas.recipes.collect_hypotheses --generate-log "$1.generate.log" --sources "$2" \
     --out "$1.hyp"
 }
 
@@ -428,14 +432,14 @@ Use another OUT_DIR, or delete $out to start over."
 }
 
 # encode_pieces MODEL INPUT OUTPUT [sentencepiece_tool.py encode options]:
-# INPUT -> OUTPUT in SentencePiece pieces (scripts/sentencepiece_tool.py:
+# INPUT -> OUTPUT in SentencePiece pieces (fairseq_dnas/recipes/sentencepiece_tool.py:
 # written as OUTPUT.tmp, renamed when whole), with "[script] n/N lines" on
 # the console for a large file (run_with_line_progress).
 encode_pieces() {
   local model="$1" input="$2" output="$3"
   shift 3
   run_with_line_progress "$output.tmp" "$(wc -l < "$input")" "$(basename "$0" .sh)" \
-    "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" encode --model "$model" --input "$input" \
+    "$PYTHON" -m fairseq_dnas.recipes.sentencepiece_tool encode --model "$model" --input "$input" \
     --output "$output" "$@"
 }
 
@@ -468,7 +472,7 @@ preprocess_size() {
 # run_fairseq_preprocess LOG DESTDIR [fairseq-preprocess options]: runs
 # fairseq-preprocess into DESTDIR, its output appended to LOG, with
 # "[script] binarized 120.5/480.2 MB (25%) ... left ..." on the console
-# while it writes (scripts/progress.py bytes) when the text has at least
+# while it writes (fairseq_dnas/recipes/progress.py bytes) when the text has at least
 # PROGRESS_MIN_LINES lines (default 100000). fairseq logs nothing until a
 # whole split is done; on a large corpus it first reads the training text
 # for its dictionary (no bytes yet, no line), then binarizes. Returns

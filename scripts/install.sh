@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with torch, fairseq and fairseq-dnas.
-# CPU: about 70 s on 2 cores with the local torch wheel (uv for the dependencies). Safe to re-run.
+# CPU: about a minute on 2 cores with the local torch wheel (uv for the dependencies;
+# docs/results/README.md#current-figures). Safe to re-run.
 #
 #   bash scripts/install.sh                 # CPU, torch 2.13.0, into ./.venv
 #   TORCH_SPEC=torch bash scripts/install.sh  # GPU machine: the default CUDA build

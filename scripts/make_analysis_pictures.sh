@@ -107,16 +107,16 @@ HNAS_STEPS=()
 STRIDE=$(( (${#EPOCHS[@]} + 4) / 5 ))
 for ((i = 0; i < ${#EPOCHS[@]}; i += STRIDE)); do HNAS_STEPS+=("${EPOCHS[$i]}"); done
 HNAS_STEPS+=("$CK/hnas/checkpoint_last.pt")
-"$BIN/python" scripts/plot_hybrid_weights.py "${HNAS_STEPS[@]}" \
+"$BIN/python" -m fairseq_dnas.commands.plot_hybrid_weights "${HNAS_STEPS[@]}" \
   --out "$IMAGES/hybrid_weights.png" --csv "$RESULTS/hybrid_weights.csv"
-heavy "$BIN/python" scripts/explaining_away.py \
+heavy "$BIN/python" -m fairseq_dnas.commands.explaining_away \
   --path "$CK/unas/checkpoint_last.pt" "$CK/dnas/checkpoint_last.pt" "$CK/hnas/checkpoint_last.pt" \
   --labels UNAS DNAS HNAS --data "$DATA" --subset valid --max-sentences "$ANALYSE_SENTENCES" \
   --out "$RESULTS/explaining_away"
 for kind in encoder_self decoder_cross decoder_self; do
   publish "$RESULTS/explaining_away/$kind.png" "$IMAGES/explaining_away_$kind.png"
 done
-"$BIN/python" scripts/mode_collapse.py --out "$RESULTS/mode_collapse"
+"$BIN/python" -m fairseq_dnas.commands.mode_collapse --out "$RESULTS/mode_collapse"
 for f in center_distance collapse_500_50 collapse_225_225; do
   publish "$RESULTS/mode_collapse/$f.png" "$IMAGES/mode_collapse_$f.png"
 done

@@ -18,7 +18,12 @@ import torch  # noqa: E402 (after the thread settings)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-sys.path.insert(0, TESTS)  # tests import reference.py and helpers.py directly
+# The one place that edits sys.path: the tests import their helpers
+# (helpers.py, ...) and the example and benchmark files that are scripts, not
+# package modules, by name, as those files import the files beside them.
+for _folder in (TESTS, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "examples", "discrete"),
+                os.path.join(ROOT, "examples", "masked_lm")):
+    sys.path.insert(0, _folder)
 
 # Without a GPU the Triton kernels run on CPU tensors under Triton's
 # interpreter. Triton reads the variable when the kernels are defined, so it

@@ -8,7 +8,8 @@ server (one per pytest worker, started on first use) imports torch and
 fairseq once, then forks a child per command. The child is a process of its
 own: its pid, working directory, environment, stdin/stdout/stderr files and
 exit status. It runs the script's own file as ``__main__`` (a console script
-such as ``.venv/bin/fairseq-train``, or ``scripts/*.py``) and ends the way the
+such as ``.venv/bin/fairseq-train``, a script's file, or a module as
+``python -m fairseq_dnas.commands.X`` runs it) and ends the way the
 interpreter ends a script: an uncaught exception through ``sys.excepthook``
 (exit status 1), ``SystemExit`` codes, atexit handlers, flushed streams.
 
@@ -81,10 +82,25 @@ def _child(req) -> None:
         import torch
         if os.environ.get("OMP_NUM_THREADS", "").isdigit():
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        if req.get("module"):
+            # as `python -m module`: the working directory first on sys.path,
+            # sys.argv[0] the module's file
+            import importlib.util
+
+            sys.path[0] = os.getcwd()
+            spec = importlib.util.find_spec(req["module"])
+            if spec is None or spec.origin is None:
+                print(f"{sys.executable}: No module named {req['module']}", file=sys.stderr)
+                os._exit(1)
+            req["script"] = spec.origin
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(req["script"]))  # as `python script` sets it
         sys.argv = [req["script"], *req["args"]]
-        sys.path[0] = os.path.dirname(os.path.abspath(req["script"]))  # as `python script` sets it
         try:
-            runpy.run_path(req["script"], run_name="__main__")
+            if req.get("module"):
+                runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(req["script"], run_name="__main__")
             code = 0
         except SystemExit as e:
             code = _exit_code(e)
@@ -139,8 +155,9 @@ class ForkServer:
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=dict(os.environ))
 
-    def run(self, script, args, cwd=None, input=None, env=None, timeout=None):
-        """Like subprocess.run([python, script, *args], capture_output=True, text=True)."""
+    def run(self, script, args, cwd=None, input=None, env=None, timeout=None, module=None):
+        """Like subprocess.run([python, script, *args], capture_output=True, text=True),
+        or [python, -m, module, *args] when ``module`` is given."""
         with tempfile.TemporaryDirectory(prefix="fork-") as tmp:
             paths = {name: os.path.join(tmp, name) for name in ("stdin", "stdout", "stderr")}
             with open(paths["stdin"], "w") as f:
@@ -148,7 +165,8 @@ class ForkServer:
             for name in ("stdout", "stderr"):
                 open(paths[name], "w").close()
             req = dict(script=str(script), args=[str(a) for a in args], cwd=str(cwd or os.getcwd()),
-                       env=dict(env if env is not None else os.environ), timeout=timeout, **paths)
+                       env=dict(env if env is not None else os.environ), timeout=timeout, module=module,
+                       **paths)
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
@@ -170,7 +188,8 @@ _server = None
 
 
 def run(script, args, **kwargs):
-    """Run ``script`` (a Python file) with ``args`` in a fork of the server."""
+    """Run ``script`` (a Python file; or with ``module=``, ``python -m module``)
+    with ``args`` in a fork of the server."""
     global _server
     if _server is None or _server.proc.poll() is not None:
         _server = ForkServer()

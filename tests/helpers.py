@@ -82,8 +82,9 @@ def write_parallel_data(folder, sizes=(("train", 300), ("valid", 30), ("test", 2
 
 
 def run(cmd, cwd=None, input=None, check=True, env=None):
-    """Run a fairseq CLI (by name, from this venv) or ``[sys.executable,
-    script.py, ...]`` and return the CompletedProcess. Both run in a fork of
+    """Run a fairseq CLI (by name, from this venv), ``[sys.executable,
+    script.py, ...]`` or ``[sys.executable, "-m", module, ...]`` and return
+    the CompletedProcess. Both run in a fork of
     the test fork server (tests/fork_server.py: the imports paid once),
     unless FAIRSEQ_DNAS_TEST_FORK=0."""
     if not os.path.isabs(cmd[0]) and os.path.exists(os.path.join(BIN, cmd[0])):
@@ -94,6 +95,8 @@ def run(cmd, cwd=None, input=None, check=True, env=None):
         proc = fork_server.run(cmd[0], cmd[1:], cwd=cwd, input=input, env=env)
     elif fork_server.ENABLED and cmd[0] == sys.executable and len(cmd) > 1 and cmd[1].endswith(".py"):
         proc = fork_server.run(cmd[1], cmd[2:], cwd=cwd, input=input, env=env)
+    elif fork_server.ENABLED and cmd[0] == sys.executable and len(cmd) > 2 and cmd[1] == "-m":
+        proc = fork_server.run(cmd[2], cmd[3:], cwd=cwd, input=input, env=env, module=cmd[2])
     else:
         proc = subprocess.run(cmd, cwd=cwd, input=input, capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:

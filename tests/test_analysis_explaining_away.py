@@ -1,5 +1,5 @@
 """Explaining away (Definition 1, Theorem 2): attention capture, column sums
-against the float64 reference, and scripts/explaining_away.py end to end."""
+against the float64 reference, and fairseq_dnas/commands/explaining_away.py end to end."""
 
 import csv
 import json
@@ -11,13 +11,13 @@ import pytest
 import torch
 from analysis_fixtures import tiny_data, tiny_runs
 from helpers import ROOT, build_model, random_tokens, run
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas.analysis.capture import attention_sites, call_kwargs, head_probs
 from fairseq_dnas.analysis.column_sums import ColumnStats, column_sums
 from fairseq_dnas.analysis.explaining_away import ColumnSumRecorder
 
-SCRIPT = os.path.join(ROOT, "scripts", "explaining_away.py")
+COMMAND = ["-m", "fairseq_dnas.commands.explaining_away"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -218,7 +218,7 @@ def test_script_compares_unas_dnas_hnas(runs, data, tmp_path):
 
     out = tmp_path / "ea"
     paths = [runs[n]["dir"] / "checkpoint_last.pt" for n in ("unas", "dnas", "hnas")]
-    proc = run(["python", SCRIPT, "--path", *paths, "--data", data, "--out", out,
+    proc = run(["python", *COMMAND, "--path", *paths, "--data", data, "--out", out,
                 "--labels", "U", "D", "H", "--batch-size", "7"])
     for kind in ("encoder_self", "decoder_cross", "decoder_self"):
         with open(out / f"{kind}.png", "rb") as f:
@@ -259,7 +259,7 @@ def test_script_compares_unas_dnas_hnas(runs, data, tmp_path):
 
 def test_script_max_sentences_and_encoder_only(runs, data, tmp_path):
     out = tmp_path / "ea"
-    run(["python", SCRIPT, "--path", runs["dnas"]["dir"] / "checkpoint_last.pt", "--data", data,
+    run(["python", *COMMAND, "--path", runs["dnas"]["dir"] / "checkpoint_last.pt", "--data", data,
          "--out", out, "--subset", "test", "--max-sentences", "5", "--no-decoder"])
     rows = list(csv.DictReader(open(out / "summary.csv")))
     assert {r["attention"] for r in rows} == {"encoder_self"}
@@ -278,7 +278,7 @@ def test_script_bad_input(case, runs, data, tmp_path):
             "missing_data": ["--path", ckpt, "--data", tmp_path / "nodata"]}[case]
     message = {"missing_split": "split 'nosuch' not found", "empty_split": "split 'empty'",
                "missing_checkpoint": "checkpoint not found", "missing_data": "data folder not found"}[case]
-    proc = run(["python", SCRIPT, *args, "--out", out], check=False)
+    proc = run(["python", *COMMAND, *args, "--out", out], check=False)
     assert proc.returncode == 1
     assert message in proc.stderr
     if case == "missing_split":

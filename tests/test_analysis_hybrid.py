@@ -1,5 +1,5 @@
 """HNAS weights: logged during training (log, TensorBoard) and plotted from
-checkpoints by scripts/plot_hybrid_weights.py."""
+checkpoints by fairseq_dnas/commands/plot_hybrid_weights.py."""
 
 import csv
 import json
@@ -12,7 +12,7 @@ import fairseq_dnas.plugin  # noqa: F401  (fairseq checkpoint loading under torc
 from analysis_fixtures import HYBRID_INIT, tiny_runs
 from helpers import ROOT, run
 
-SCRIPT = os.path.join(ROOT, "scripts", "plot_hybrid_weights.py")
+COMMAND = ["-m", "fairseq_dnas.commands.plot_hybrid_weights"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -87,7 +87,7 @@ def test_tensorboard_receives_u(runs):
 def test_plot_several_checkpoints(runs, tmp_path):
     ckpts = [runs["hnas"]["dir"] / f"checkpoint{epoch}.pt" for epoch in (1, 2, 3)]
     out, table = tmp_path / "u.png", tmp_path / "u.csv"
-    proc = run(["python", SCRIPT, *ckpts, "--out", out, "--csv", table])
+    proc = run(["python", *COMMAND, *ckpts, "--out", out, "--csv", table])
     with open(out, "rb") as f:
         assert f.read(8) == PNG_MAGIC
     # The printed table: one row per layer, "mean [min, max]" per checkpoint,
@@ -109,7 +109,7 @@ def test_plot_several_checkpoints(runs, tmp_path):
 @pytest.mark.parametrize("name, scheme", [("unas", "unas"), ("dnas", "dnas")])
 def test_checkpoint_without_hybrid_weights_is_refused(runs, tmp_path, name, scheme):
     out = tmp_path / "u.png"
-    proc = run(["python", SCRIPT, runs[name]["dir"] / "checkpoint_last.pt", "--out", out], check=False)
+    proc = run(["python", *COMMAND, runs[name]["dir"] / "checkpoint_last.pt", "--out", out], check=False)
     assert proc.returncode == 1
     assert "no hybrid weights" in proc.stderr and f"encoder scheme {scheme}" in proc.stderr
     assert "transformer_hnas" in proc.stderr  # says what to do
@@ -118,10 +118,10 @@ def test_checkpoint_without_hybrid_weights_is_refused(runs, tmp_path, name, sche
 
 def test_missing_checkpoint_and_bad_labels(runs, tmp_path):
     out = tmp_path / "u.png"
-    proc = run(["python", SCRIPT, tmp_path / "nope.pt", "--out", out], check=False)
+    proc = run(["python", *COMMAND, tmp_path / "nope.pt", "--out", out], check=False)
     assert proc.returncode == 1 and "checkpoint not found" in proc.stderr and not out.exists()
     last = runs["hnas"]["dir"] / "checkpoint_last.pt"
-    proc = run(["python", SCRIPT, last, "--out", out, "--labels", "a", "b"], check=False)
+    proc = run(["python", *COMMAND, last, "--out", out, "--labels", "a", "b"], check=False)
     assert proc.returncode == 2 and "one label per checkpoint" in proc.stderr
 
 
@@ -132,7 +132,7 @@ def test_one_weight_per_layer_is_shown_for_every_head(tmp_path):
     from helpers import build_model, tiny_args
     from omegaconf import OmegaConf
 
-    from fairseq_dnas.analysis.hybrid import read_hybrid_weights
+    from fairseq_dnas.loading import read_hybrid_weights
 
     args = tiny_args("transformer_hnas", ["--hybrid-weight-per", "layer", "--hybrid-init", "0.2"])
     model = build_model("transformer_hnas", args=args)

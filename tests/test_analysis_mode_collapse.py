@@ -1,5 +1,5 @@
 """Appendix E: Eq. (13)/(14) against the simulation with the plugin's own
-attention, the 2-D collapse of Figures 6-9, and scripts/mode_collapse.py."""
+attention, the 2-D collapse of Figures 6-9, and fairseq_dnas/commands/mode_collapse.py."""
 
 import csv
 import math
@@ -11,7 +11,7 @@ from helpers import ROOT, run
 
 from fairseq_dnas.analysis import mode_collapse as MC
 
-SCRIPT = os.path.join(ROOT, "scripts", "mode_collapse.py")
+COMMAND = ["-m", "fairseq_dnas.commands.mode_collapse"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -88,7 +88,7 @@ def test_two_dimensional_collapse():
 
 def test_script_writes_curves_and_pictures(tmp_path):
     out = tmp_path / "mc"
-    proc = run(["python", SCRIPT, "--out", out])
+    proc = run(["python", *COMMAND, "--out", out])
     for name in ("center_distance.png", "collapse_500_50.png", "collapse_225_225.png"):
         with open(out / name, "rb") as f:
             assert f.read(8) == PNG_MAGIC
@@ -108,6 +108,6 @@ def test_script_writes_curves_and_pictures(tmp_path):
 
 
 def test_script_rejects_bad_arguments(tmp_path):
-    proc = run(["python", SCRIPT, "--out", tmp_path / "mc", "--steps", "0"], check=False)
+    proc = run(["python", *COMMAND, "--out", tmp_path / "mc", "--steps", "0"], check=False)
     assert proc.returncode == 2 and "--steps must be at least 1" in proc.stderr
     assert not (tmp_path / "mc").exists()

@@ -1,7 +1,7 @@
 """The analysis scripts on encoder-only RoBERTa checkpoints (roberta,
 roberta_dnas, roberta_hnas; --task masked_lm and sentence_prediction):
-scripts/plot_hybrid_weights.py reads u per layer and head, and
-scripts/explaining_away.py measures sum_i pi_ij of the encoder self-attention
+fairseq_dnas/commands/plot_hybrid_weights.py reads u per layer and head, and
+fairseq_dnas/commands/explaining_away.py measures sum_i pi_ij of the encoder self-attention
 on held-out text fed as '<s> sentence </s>' (Definition 1, Theorem 2).
 
 The checkpoints are fairseq-train's own (a few updates on a tiny synthetic
@@ -20,12 +20,9 @@ import numpy as np
 import pytest
 import torch
 from helpers import ROOT, USER_DIR, WORDS, run
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
-SCRIPTS = os.path.join(ROOT, "scripts")
-sys.path.insert(0, SCRIPTS)
-import explaining_away  # noqa: E402
-import plot_hybrid_weights  # noqa: E402
+from fairseq_dnas.commands import explaining_away, plot_hybrid_weights
 
 import fairseq_dnas.plugin  # noqa: E402,F401  (fairseq checkpoint loading under torch >= 2.6)
 
@@ -156,7 +153,7 @@ def _one_error_line(status, captured, *needles):
 
 
 def test_u_per_layer_and_head_is_sigmoid_of_the_stored_logits(tiny, tmp_path, capsys):
-    from fairseq_dnas.analysis.hybrid import read_hybrid_weights
+    from fairseq_dnas.loading import read_hybrid_weights
 
     paths = [tiny["ckpt"]["hnas"], tiny["ckpt"]["hnas_sst"]]  # masked_lm and sentence_prediction
     for path in paths:
@@ -199,7 +196,7 @@ def test_captured_column_sums_match_the_float64_reference(tiny, name):
     encoder: per-head probabilities and column sums over the real queries
     against Algorithm 1 in float64; the recorder counts the real keys only."""
     from fairseq_dnas.analysis.capture import attention_sites, call_kwargs, head_probs
-    from fairseq_dnas.analysis.checkpoints import load_model
+    from fairseq_dnas.loading import load_model
     from fairseq_dnas.analysis.column_sums import column_sums
     from fairseq_dnas.analysis.explaining_away import ColumnSumRecorder, load_split
 

@@ -6,8 +6,7 @@ import sys
 import pytest
 from helpers import ROOT, run
 
-sys.path.insert(0, os.path.join(ROOT, "examples", "discrete"))
-import arithmetic as A  # noqa: E402
+import arithmetic as A  # examples/discrete/ (tests/conftest.py puts it on sys.path)
 
 SCRIPT = os.path.join(ROOT, "examples", "discrete", "arithmetic.py")
 THESIS_TREE = ("+", ("*", ("+", 4, 1), 3), ("+", 2, 4))

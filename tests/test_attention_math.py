@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas import SCHEMES, attention_probs
 

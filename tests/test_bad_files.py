@@ -20,14 +20,8 @@ from recipe_data import make_binarized
 from helpers import ROOT
 
 RECIPE = os.path.join(ROOT, "examples", "gigaword")
-SCRIPTS = os.path.join(ROOT, "scripts")
-sys.path.insert(0, SCRIPTS)
-import collect_hypotheses  # noqa: E402
-import explaining_away  # noqa: E402
-import lead_baseline  # noqa: E402
-import plot_hybrid_weights  # noqa: E402
-import rouge_eval  # noqa: E402
-import seed_table  # noqa: E402
+from fairseq_dnas.commands import explaining_away, lead_baseline, plot_hybrid_weights, rouge_eval, seed_table
+from fairseq_dnas.recipes import collect_hypotheses
 
 import fairseq_dnas.plugin  # noqa: E402,F401  (models, tasks, checkpoint loading under torch >= 2.6)
 from fairseq_dnas.fairseq_patches import file_checks  # noqa: E402

@@ -98,7 +98,6 @@ def test_cuda_without_a_gpu_is_refused():
 def test_peak_memory_counts_the_benchmark_device_not_the_gpu():
     """A CPU run on a GPU machine used to read the CUDA allocator's counters
     (peak memory 0 for CPU work): the device decides, not the machine."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import benchmark
 
     assert benchmark.DEVICE.type == "cpu"
@@ -129,7 +128,6 @@ def test_quick_kernels_section_times_flash_short_and_sdpa(tmp_path):
     the operation-count floor
     beside each (issue 28: DNAS 9 matmuls and 4 exponentials a score against
     FlashAttention-2's 7 and 2, an exponential weighed as 1.5 matmuls)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from bench_kernels import floor
 
     assert floor("dnas") == pytest.approx((9 / 7, 15 / 10))
@@ -187,7 +185,6 @@ def test_gpu_targets_read_the_kernels_alone_at_1024_positions():
     """bench_report's GPU targets (issue 28): the kernels-alone rows at T 1024,
     dropout 0, each kernel set against its limit; SDPA rows, other lengths and
     CPU rows without kernel times are left out."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_report
 
     def row(case, length=1024, dropout=0.0, kernel=1.0, wall=1.0):

@@ -1,4 +1,4 @@
-"""scripts/bleu_eval.py: sacreBLEU BLEU and chrF with signature and bootstrap
+"""fairseq_dnas/commands/bleu_eval.py: sacreBLEU BLEU and chrF with signature and bootstrap
 interval, and its refusals."""
 
 import json
@@ -10,7 +10,7 @@ import sacrebleu
 
 from helpers import ROOT
 
-SCRIPT = os.path.join(ROOT, "scripts", "bleu_eval.py")
+COMMAND = ["-m", "fairseq_dnas.commands.bleu_eval"]
 REFS = ["A man is riding a red bicycle down the street.", "Two dogs play in the snow.",
         "A woman in a blue dress sings on stage.", "Children are running on the beach.",
         "An old man reads a newspaper on a bench."]
@@ -25,7 +25,7 @@ def _write(path, lines):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, *COMMAND, *args], capture_output=True, text=True, timeout=120)
 
 
 def test_scores_are_sacrebleus_with_signature_and_interval(tmp_path):

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 from helpers import TINY, USER_DIR, random_tokens, run, write_parallel_data
-from reference import reference_self_attention
+from fairseq_dnas.reference import reference_self_attention
 
 TRAIN = [
     "--user-dir", USER_DIR, *TINY, "--cpu", "--optimizer", "adam", "--lr", "2e-3",

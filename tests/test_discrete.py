@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas.attention import discrete as D
 from fairseq_dnas.attention.functional import dnas_probs, broadcast_masks

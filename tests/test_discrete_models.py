@@ -573,7 +573,7 @@ def _sentences(n, rng):
 def test_sentence_prediction_and_sentence_classify_score(tmp_path):
     """roberta_discrete_single_thesis (2 of its 6 layers, to keep it short)
     trained with --task sentence_prediction, then scored by
-    scripts/sentence_classify.py, unchanged."""
+    fairseq_dnas/commands/sentence_classify.py, unchanged."""
     import sentencepiece as spm
 
     rng = random.Random(0)
@@ -605,7 +605,7 @@ def test_sentence_prediction_and_sentence_classify_score(tmp_path):
     assert "done training" in proc.stdout + proc.stderr
     test_tsv = tmp_path / "test.tsv"
     test_tsv.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in splits["test"]))
-    proc = run([sys.executable, os.path.join(ROOT, "scripts", "sentence_classify.py"), "score",
+    proc = run([sys.executable, "-m", "fairseq_dnas.commands.sentence_classify", "score",
                 save / "checkpoint_best.pt", test_tsv])
     import json
 

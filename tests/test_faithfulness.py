@@ -1,5 +1,5 @@
 """The faithfulness metric (fairseq_dnas/analysis/faithfulness.py,
-scripts/faithfulness.py, examples/discrete/classify.sh): Kendall's tau-b by
+fairseq_dnas/commands/faithfulness.py, examples/discrete/classify.sh): Kendall's tau-b by
 hand; attention received and gradient importance against a float64
 recomputation of the classifier written out here (its own attention
 probabilities, autograd on an explicitly built embedding) for roberta and
@@ -17,16 +17,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import ROOT, USER_DIR, run
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 from scipy.stats import kendalltau
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import masked_lm_data  # noqa: E402
-import sentence_classify  # noqa: E402
+from fairseq_dnas.commands import sentence_classify
+from fairseq_dnas.recipes import masked_lm_data
 
 from fairseq_dnas.analysis import faithfulness as FA  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "scripts", "faithfulness.py")
+COMMAND = ["-m", "fairseq_dnas.commands.faithfulness"]
 RECIPE = os.path.join(ROOT, "examples", "discrete", "classify.sh")
 HEAD = sentence_classify.HEAD
 POSITIVE, NEGATIVE = ["good", "great", "lovely", "superb"], ["bad", "awful", "dull", "poor"]
@@ -64,11 +63,11 @@ def train_classifiers(root, archs, extra=()):
     text, bin_ = root / "text", root / "bin"
     assert masked_lm_data.main(["tsv", "--train", str(files["train"]), "--valid", str(files["dev"]),
                                 "--test", str(files["test"]), "--out", str(text)]) == 0
-    tool = os.path.join(ROOT, "scripts", "sentencepiece_tool.py")
-    run([sys.executable, tool, "train", "--input", text / "train.input0", "--model-prefix", bin_ / "sp",
+    tool = ["-m", "fairseq_dnas.recipes.sentencepiece_tool"]
+    run([sys.executable, *tool, "train", "--input", text / "train.input0", "--model-prefix", bin_ / "sp",
          "--vocab-size", "50", "--threads", "1"])
     for split in ("train", "valid", "test"):
-        run([sys.executable, tool, "encode", "--model", bin_ / "sp.model", "--input", text / f"{split}.input0",
+        run([sys.executable, *tool, "encode", "--model", bin_ / "sp.model", "--input", text / f"{split}.input0",
              "--output", text / f"{split}.sp"])
     data = bin_ / "data"
     for part, ext in (("input0", "sp"), ("label", "label")):
@@ -352,7 +351,7 @@ def test_training_mode_is_refused(tiny):
 
 
 def _script(*args, check=True):
-    return run([sys.executable, SCRIPT, *map(str, args)], check=check)
+    return run([sys.executable, *COMMAND, *map(str, args)], check=check)
 
 
 def _read_jsonl(path):

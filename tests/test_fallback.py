@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_probs, reference_self_attention
+from fairseq_dnas.reference import reference_probs, reference_self_attention
 
 from fairseq_dnas.attention import kernels, selfcheck
 from fairseq_dnas.modules import DNASMultiheadAttention

@@ -204,7 +204,7 @@ def test_prepare_download_unpacks_the_release_layout(tmp_path):
 def test_download_refuses_a_web_page_instead_of_the_archive(tmp_path):
     page = tmp_path / "page.html"
     page.write_text("<html>Google Drive can't scan this file for viruses</html>")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gigaword_download.py"),
+    proc = subprocess.run([sys.executable, "-m", "fairseq_dnas.recipes.gigaword_download",
                            str(tmp_path / "dl"), "--url", page.as_uri()],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "did not return a gzip archive" in proc.stderr

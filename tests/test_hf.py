@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModel, BertConfig, BertForSequenceClass
 from fairseq_dnas import hf
 from fairseq_dnas.attention import kernels
 from fairseq_dnas.hf.attention import attention_forward
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=99,
              max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -9,7 +9,7 @@ path choice and its error messages.
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_probs, reference_self_attention
+from fairseq_dnas.reference import reference_probs, reference_self_attention
 
 from fairseq_dnas.attention import SCHEMES, fused, kernels, primitives, selection
 from fairseq_dnas.attention.kernels import attend, choose_path

@@ -5,7 +5,7 @@ forward and gradients. The self-attention cases are in test_kernels.py."""
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas.attention.kernels import attend
 

@@ -14,8 +14,8 @@ import pytest
 from helpers import ROOT, run
 
 RECIPE = os.path.join(ROOT, "examples", "masked_lm")
-DATA_TOOL = os.path.join(ROOT, "scripts", "masked_lm_data.py")
-CLASSIFY = os.path.join(ROOT, "scripts", "sentence_classify.py")
+DATA_TOOL = ["-m", "fairseq_dnas.recipes.masked_lm_data"]
+CLASSIFY = ["-m", "fairseq_dnas.commands.sentence_classify"]
 TEST_SENTENCES = 200  # quickstart's MAX_EVAL: SST-2 test sentences scored and classified
 
 
@@ -80,7 +80,7 @@ def test_quickstart_chain_on_real_data(quickstart):
 
 
 def _classify(*args):
-    return run([sys.executable, CLASSIFY, *args], check=False)  # a fork of the test fork server
+    return run([sys.executable, *CLASSIFY, *args], check=False)  # a fork of the test fork server
 
 
 def _one_line_error(proc, tool, message):
@@ -146,7 +146,7 @@ def _glue_dir(root, train, header=True):
 ])
 def test_prepare_refuses_bad_glue_files(tmp_path, train, message):
     glue = _glue_dir(tmp_path / "glue", train)
-    result = subprocess.run([sys.executable, DATA_TOOL, "glue", "--task", "sst2", "--glue-dir", glue,
+    result = subprocess.run([sys.executable, *DATA_TOOL, "glue", "--task", "sst2", "--glue-dir", glue,
                              "--out", tmp_path / "out"], capture_output=True, text=True, timeout=60)
     _one_line_error(result, "masked_lm_data", message)
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
@@ -189,8 +189,7 @@ def test_recipe_scripts_refuse_bad_settings_in_one_line(tmp_path, wikitext_dir, 
 
 
 def test_experiment_table_reports_mean_se_range_and_whether_differences_exceed_the_spread():
-    sys.path.insert(0, RECIPE)
-    import experiment
+    import experiment  # examples/masked_lm/ (tests/conftest.py puts it on sys.path)
 
     results = [{"stage": "pretrain", "arch": a, "seed": 1, "valid_ppl": p, "seconds": 600.0, "updates": 1200}
                for a, p in zip(experiment.ARCHS, (40.0, 41.0, 39.0))]

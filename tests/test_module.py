@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import padding_mask
 from fairseq.modules import MultiheadAttention
-from reference import reference_probs, reference_self_attention
+from fairseq_dnas.reference import reference_probs, reference_self_attention
 
 from fairseq_dnas.modules import DNASMultiheadAttention
 from fairseq_dnas.modules.dnas_multihead_attention import exact_logit

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, padding_mask
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas.nn import MultiheadAttention
 

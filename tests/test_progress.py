@@ -1,4 +1,4 @@
-"""The console progress of long recipe steps (issue 17): scripts/progress.py
+"""The console progress of long recipe steps (issue 17): fairseq_dnas/recipes/progress.py
 reads real fairseq logs (both logging layouts, simple and json formats) and
 generate output, and examples/common.sh's start_progress/stop_progress never
 hide the job's exit status nor leave a follower behind."""
@@ -12,15 +12,14 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (not helpers: no fairseq import)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import progress  # noqa: E402
+from fairseq_dnas.recipes import progress
 
 COMMON = os.path.join(ROOT, "examples", "common.sh")
-PROGRESS = os.path.join(ROOT, "scripts", "progress.py")
+PROGRESS = ["-m", "fairseq_dnas.recipes.progress"]
 
 # Lines of real fairseq-train logs of a tiny transformer_hnas_gigaword run
 # (30 updates, --log-interval 5, --validate-interval-updates 10, ROUGE on),
-# as examples/gigaword/train.sh's log has them (scripts/run_fairseq.py: Python's
+# as examples/gigaword/train.sh's log has them (fairseq_dnas/recipes/run_fairseq.py: Python's
 # logging configured before fairseq's, hence "INFO:name:message").
 RUN_FAIRSEQ_LOG = """\
 INFO:fairseq.trainer:begin training epoch 1
@@ -109,7 +108,7 @@ def test_train_log_of_the_recipe_gives_updates_loss_time_left_and_validations():
 def _quickstart_log(total=1500, per_epoch=157, interval=50):
     """fairseq-train's log of the Gigaword quickstart's shape (10,000 pairs,
     64 a batch: 157 updates an epoch, --log-interval 50, 1,500 updates,
-    validation only at the end), as scripts/run_fairseq.py logs it."""
+    validation only at the end), as fairseq_dnas/recipes/run_fairseq.py logs it."""
     lines = []
     for n in range(1, total + 1):
         epoch, i = (n - 1) // per_epoch + 1, (n - 1) % per_epoch + 1
@@ -177,7 +176,7 @@ def test_cli_once_reads_a_log_file_and_starts_at_from_byte(tmp_path):
     log = tmp_path / "train.log"
     old = "INFO:train_inner:epoch 001: 1 / 9 loss=9.0, num_updates=1000, wall=1\n"
     log.write_text(old + RUN_FAIRSEQ_LOG)
-    proc = subprocess.run([sys.executable, PROGRESS, "train", str(log), "--total", "30", "--once",
+    proc = subprocess.run([sys.executable, *PROGRESS, "train", str(log), "--total", "30", "--once",
                            "--from-byte", str(len(old))], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "update 1000" not in proc.stderr  # an earlier run's lines in the same log
@@ -192,7 +191,7 @@ def _bash(script, tmp_path, **env):
 
 def _followers(path):
     ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if "progress.py" in line and str(path) in line]
+    return [line for line in ps.splitlines() if "fairseq_dnas.recipes.progress" in line and str(path) in line]
 
 
 @pytest.mark.parametrize("follower", ["works", "fails"])
@@ -283,7 +282,7 @@ def test_bytes_kind_sums_the_files_of_a_pattern_and_stops_at_100_percent(tmp_pat
     (tmp_path / "a.bin").write_bytes(b"x" * 300)
     (tmp_path / "b.bin").write_bytes(b"x" * 200)
     (tmp_path / "other.idx").write_bytes(b"x" * 999)  # not matched
-    proc = subprocess.run([sys.executable, PROGRESS, "bytes", str(tmp_path / "*.bin"), "--total", "1000000",
+    proc = subprocess.run([sys.executable, *PROGRESS, "bytes", str(tmp_path / "*.bin"), "--total", "1000000",
                            "--once", "--label", "prepare", "--unit", "binarized"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -8,7 +8,7 @@ element that has a single real position, scores up to +-1e4, float16,
 bfloat16, float32 and float64 inputs, u anywhere in [0, 1] (0 and 1
 included). Checked on every case: real rows sum to 1, padded rows and columns
 are exactly 0, no NaN or inf in the output or the gradients, Theorem 2, and
-equality with the float64 reference (tests/reference.py).
+equality with the float64 reference (fairseq_dnas/reference.py).
 
 Cost and determinism: a fixed number of examples per test, derandomized
 unless HYPOTHESIS_PROFILE=explore. Settings (environment):
@@ -34,7 +34,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas import attention_probs
 from fairseq_dnas.attention import kernels

@@ -4,8 +4,8 @@ the boolean recursion and its soft form on hand-built graphs
 (a discrete classifier at inference has gradient importance exactly 0
 outside the receptive field of the position its head reads, and its
 prediction does not move, bit for bit, when an embedding outside is
-perturbed); the field in scripts/faithfulness.py; the training penalty
-(fairseq_dnas/attention/receptive_field.py) and its criterions
+perturbed); the field in fairseq_dnas/commands/faithfulness.py; the training
+penalty (fairseq_dnas/attention/receptive_field.py) and its criterions
 --criterion <base>_rf_penalty --receptive-field-penalty C
 (fairseq_dnas/criterions/receptive_field_penalty.py)."""
 
@@ -183,7 +183,7 @@ def test_penalty_leaves_padding_out_and_is_per_sentence():
 from fairseq_dnas.analysis import faithfulness as FA  # noqa: E402
 from fairseq_dnas.analysis.capture import EncoderAttention  # noqa: E402
 
-HEAD = "sentence_classification_head"  # scripts/sentence_classify.py's head
+HEAD = "sentence_classification_head"  # fairseq_dnas/commands/sentence_classify.py's head
 DISCRETE = ["roberta_discrete_single", "roberta_discrete"]
 
 
@@ -280,7 +280,7 @@ def test_perturbing_an_embedding_outside_the_field_changes_nothing(arch):
             assert (logits - base).abs().max() > 0
 
 
-# --- the field in scripts/faithfulness.py, and a tiny fairseq-train run with the penalty ---
+# --- the field in fairseq_dnas/commands/faithfulness.py, and a tiny fairseq-train run with the penalty ---
 
 import json  # noqa: E402
 import re  # noqa: E402
@@ -329,12 +329,12 @@ def _rewired(checkpoint, path):
 
 
 def test_faithfulness_script_reports_the_field_of_discrete_encoders(penalized, tmp_path):
-    import sentence_classify
+    from fairseq_dnas.commands import sentence_classify
 
     test = penalized["files"]["test"]
     out = {arch: tmp_path / f"{arch}.jsonl" for arch in DISCRETE}
     ckpt = {a: _rewired(penalized["ckpt"][a], penalized["ckpt"][a].parent / "rewired.pt") for a in DISCRETE}
-    proc = run([sys.executable, os.path.join(ROOT, "scripts", "faithfulness.py"),
+    proc = run([sys.executable, "-m", "fairseq_dnas.commands.faithfulness",
                 *ckpt.values(), "--test", test, "--json", *out.values(),
                 "--labels", *DISCRETE, "--batch", "7"])
     summaries = [json.loads(line) for line in proc.stdout.splitlines()]

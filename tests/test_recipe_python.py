@@ -36,8 +36,8 @@ def test_an_unknown_python_is_refused_in_one_line(tmp_path):
         "run 'bash scripts/install.sh' or set PYTHON"]
 
 
-# scripts/check_python.py: check_python's import check, remembered per installation.
-CHECK = os.path.join(ROOT, "scripts", "check_python.py")
+# examples/check_python.py: check_python's import check, remembered per installation.
+CHECK = os.path.join(ROOT, "examples", "check_python.py")
 MODULES = ("fairseq", "fairseq_dnas", "sentencepiece", "rouge_score")
 
 

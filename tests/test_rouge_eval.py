@@ -1,4 +1,4 @@
-"""scripts/rouge_eval.py and the small scoring helpers of the Gigaword recipe
+"""fairseq_dnas/commands/rouge_eval.py and the small scoring helpers of the Gigaword recipe
 (lead baseline, hypothesis collection, seed table)."""
 
 import json
@@ -12,17 +12,18 @@ from rouge_score import rouge_scorer
 
 from helpers import ROOT
 
-SCRIPTS = os.path.join(ROOT, "scripts")
-sys.path.insert(0, SCRIPTS)
 
-import collect_hypotheses  # noqa: E402
-import lead_baseline  # noqa: E402
-import rouge_eval  # noqa: E402
-import seed_table  # noqa: E402
+from fairseq_dnas.commands import lead_baseline, rouge_eval, seed_table
+from fairseq_dnas.recipes import collect_hypotheses
+
+
+PACKAGE = {"collect_hypotheses.py": "recipes"}  # the rest are fairseq_dnas.commands
 
 
 def run_script(name, *args):
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, name), *map(str, args)],
+    """``python -m fairseq_dnas.commands.<name without .py>`` (or .recipes.)."""
+    module = f"fairseq_dnas.{PACKAGE.get(name, 'commands')}.{name[:-3]}"
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)],
                           capture_output=True, text=True)
 
 

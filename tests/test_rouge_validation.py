@@ -10,9 +10,8 @@ from recipe_data import make_binarized
 import fairseq_dnas.plugin  # noqa: F401  (registers the task; torch.load fix for checkpoints)
 from helpers import ROOT, TINY, USER_DIR, run
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import collect_hypotheses  # noqa: E402
-import rouge_eval  # noqa: E402
+from fairseq_dnas.commands import rouge_eval
+from fairseq_dnas.recipes import collect_hypotheses
 
 GEN_ARGS = '{"beam": 2, "max_len_a": 0, "max_len_b": 8}'
 
@@ -79,7 +78,7 @@ def _fields(line):
 
 def test_training_logs_rouge_keeps_the_best_checkpoint_by_it_and_matches_rouge_eval(data, tmp_path):
     """fairseq-train logs rouge1/2/L at every validation and keeps the best
-    checkpoint by rouge1; the last logged rouge1 equals scripts/rouge_eval.py
+    checkpoint by rouge1; the last logged rouge1 equals fairseq_dnas/commands/rouge_eval.py
     on fairseq-generate's output for the same checkpoint and beam."""
     save = tmp_path / "ckpt"
     proc = run(["fairseq-train", data, "--user-dir", USER_DIR, "--task", "translation_rouge",

@@ -14,8 +14,7 @@ from helpers import ROOT, WORDS, run, train_tiny_translation, write_parallel_dat
 from fairseq_dnas.analysis.chunking import first_pieces
 
 SCRIPT = os.path.join(ROOT, "examples", "discrete", "stream_analysis.py")
-sys.path.insert(0, os.path.dirname(SCRIPT))
-import stream_analysis  # noqa: E402
+import stream_analysis  # examples/discrete/ (tests/conftest.py puts it on sys.path)
 
 
 def test_first_pieces_marks_each_words_first_piece():

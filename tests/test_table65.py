@@ -12,8 +12,7 @@ import sys
 import pytest
 from helpers import ROOT, run
 
-sys.path.insert(0, os.path.join(ROOT, "examples", "discrete"))
-import arithmetic_table as T  # noqa: E402
+import arithmetic_table as T  # examples/discrete/ (tests/conftest.py puts it on sys.path)
 
 HERE = os.path.join(ROOT, "examples", "discrete")
 TABLE = os.path.join(HERE, "arithmetic_table.py")

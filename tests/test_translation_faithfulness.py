@@ -1,5 +1,5 @@
 """The translation form of the faithfulness metric
-(``faithfulness.explain_translation_batch``, ``scripts/translation_faithfulness.py``):
+(``faithfulness.explain_translation_batch``, ``fairseq_dnas/commands/translation_faithfulness.py``):
 exact against a float64 recomputation one sentence at a time, and the
 script end to end on a tiny trained model."""
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import ROOT, build_model, random_tokens, run, train_tiny_translation, write_parallel_data
-from reference import reference_probs
+from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas.analysis import faithfulness as FA
 from fairseq_dnas.analysis.capture import capture_two_stream
 
-SCRIPT = os.path.join(ROOT, "scripts", "translation_faithfulness.py")
+COMMAND = ["-m", "fairseq_dnas.commands.translation_faithfulness"]
 
 
 def _pairs(model, lengths, hyp_lengths, seed=0):
@@ -179,7 +179,7 @@ def trained(tmp_path_factory):
 
 
 def _script(*args, check=True):
-    return run([sys.executable, SCRIPT, *map(str, args)], check=check)
+    return run([sys.executable, *COMMAND, *map(str, args)], check=check)
 
 
 def test_script_writes_every_sentence_and_the_summary(trained, tmp_path):

@@ -12,7 +12,7 @@ The one-tile kernels of short inputs: ``test_triton_short.py``.
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_probs, reference_self_attention
+from fairseq_dnas.reference import reference_probs, reference_self_attention
 
 from fairseq_dnas.attention import functional as AF
 from fairseq_dnas.attention import kernels, selection
@@ -253,7 +253,7 @@ def test_the_scheme_runs_not_softmax():
 )
 def test_sinkhorn_iterations_match_float64_reference(scheme, iters, padding, tk, dtype):
     """sinkhorn_iters > 1 without a T x T matrix: output against Algorithm 1
-    repeated (tests/reference.py), gradients against float64 autograd."""
+    repeated (fairseq_dnas/reference.py), gradients against float64 autograd."""
     q, k, v = _qkv(dtype, tk=tk)
     u = _u()
     qmask = _mask(padding)

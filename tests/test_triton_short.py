@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 from conftest import padding_mask
-from reference import reference_self_attention
+from fairseq_dnas.reference import reference_self_attention
 from launches import count_launches
 from test_triton import _float64_autograd, module_gradients_match_materialized
 
@@ -314,21 +314,27 @@ def test_fairseq_module_on_the_one_tile_kernels(scheme, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
-@pytest.mark.full  # compiles 36 variants (about two minutes)
+@pytest.mark.full  # compiles 44 variants (about two minutes)
 def test_one_tile_kernels_compile_for_sm90_without_spills():
     """The one-tile kernels compiled for an H100 as the JIT specializes a real
     call (benchmarks/triton_spills.py, which picks them through
-    selection.kernel_set): at length 100 the 128 x 128 tile of DNAS at head
-    size 64, at lengths 60 and 20 the 64 x 64 and 32 x 32 tiles of every scheme and head size;
-    DNAS/HNAS x dropout 0/0.1, no register spills at all (--max-stack 0),
-    no wgmma serialized by ptxas."""
+    selection.kernel_set): at length 100 the 128 x 128 tile of every scheme
+    and head size compiles, and DNAS at head size 64 has no register spills
+    there (HNAS and head size 128 spill at this tile on sm_90, and run it
+    anyway: the H100 timed them faster than the long kernels,
+    docs/results/2026-11-27-h100-one-tile-defaults.md); at lengths 60 and 20
+    the 64 x 64 and 32 x 32 tiles of every scheme and head size; DNAS/HNAS x
+    dropout 0/0.1, no register spills at all there (--max-stack 0), no wgmma
+    serialized by ptxas."""
     from test_triton_tiles import _compile
 
-    short = "--kernels", "short_forward,short_backward", "--sinkhorn", "1", "--max-stack", "0"
-    seen, summary = _compile("fp16:64,bf16:128", "--length", "100", *short)
+    short = "--kernels", "short_forward,short_backward", "--sinkhorn", "1"
+    seen, summary = _compile("fp16:64", "--length", "100", "--where", "HYBRID=0", *short, "--max-stack", "0")
     assert {(case, kernel) for case, kernel, _ in seen} == {("fp16:64", "short_forward"), ("fp16:64", "short_backward")}
-    assert all("HYBRID=0" in flags for _, _, flags in seen) and len(seen) == 4, seen  # HNAS: 64 at most
-    assert "0 with a stack" in summary and "0 with wgmma serialized by ptxas" in summary, summary
+    assert len(seen) == 4 and "0 with a stack" in summary, (seen, summary)
+    seen, summary = _compile("fp16:64,bf16:128", "--length", "100", *short, "--max-stack", "100000")
+    assert len(seen) == 16, seen  # 2 cases x 2 kernels x HYBRID x DROPOUT: all one-tile at 128
+    short = (*short, "--max-stack", "0")
     for length in (60, 20):  # the 64 x 64 tile (wgmma) and the 32 x 32 one (mma.sync)
         seen, summary = _compile("fp16:64,bf16:128", "--length", str(length), *short)
         assert len(seen) == 16, seen  # 2 cases x 2 kernels x HYBRID x DROPOUT

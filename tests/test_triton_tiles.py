@@ -136,11 +136,8 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path, ker
 
 
 def _tuner():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import triton_tiles
-    finally:
-        sys.path.pop(0)
+    import triton_tiles  # benchmarks/ (tests/conftest.py puts it on sys.path)
+
     return triton_tiles
 
 

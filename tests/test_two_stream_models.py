@@ -1,7 +1,7 @@
 """Tier 3: the two-stream models (J. Kinley, 2020) through fairseq's commands:
 translation (fairseq-train, fairseq-generate with beam search,
 fairseq-interactive), sentence classification (--task sentence_prediction +
-scripts/sentence_classify.py), the multiview task on a tiny generated
+fairseq_dnas/commands/sentence_classify.py), the multiview task on a tiny generated
 arithmetic dataset (infix and prefix views, thesis Section 5.2), and bad
 flags refused in one line by the plain fairseq-train command."""
 
@@ -21,7 +21,7 @@ TRANSLATION_ARCHS = ["transformer_discrete_tiny", pytest.param("transformer_two_
 CLASSIFIER_ARCHS = ["roberta_discrete_thesis", pytest.param("roberta_two_stream_thesis", marks=pytest.mark.full)]
 MULTIVIEW_ARCHS = ["roberta_two_stream_multiview_thesis",
                    pytest.param("roberta_discrete_multiview_thesis", marks=pytest.mark.full)]
-CLASSIFY = os.path.join(ROOT, "scripts", "sentence_classify.py")
+CLASSIFY = ["-m", "fairseq_dnas.commands.sentence_classify"]
 COMMON = ["--user-dir", USER_DIR, "--cpu", "--optimizer", "adam", "--lr", "2e-3", "--no-progress-bar",
           "--log-interval", "5", "--seed", "1", "--no-epoch-checkpoints"]
 # Two layers instead of the thesis's six: seconds on a CPU.
@@ -144,7 +144,7 @@ def test_sentence_prediction_trains_and_sentence_classify_scores(arch, classific
                 *SMALL_ENCODER, *COMMON, "--batch-size", "16", "--max-epoch", "3", "--save-dir", tmp_path])
     assert "done training" in proc.stdout + proc.stderr
     checkpoint = tmp_path / "checkpoint_last.pt"
-    score = run([sys.executable, CLASSIFY, "score", checkpoint, root / "test.tsv", "--spm", root / "sp.model",
+    score = run([sys.executable, *CLASSIFY, "score", checkpoint, root / "test.tsv", "--spm", root / "sp.model",
                  "--json", tmp_path / "score.json"])
     with open(tmp_path / "score.json") as f:
         result = json.load(f)
@@ -153,7 +153,7 @@ def test_sentence_prediction_trains_and_sentence_classify_scores(arch, classific
     out = tmp_path / "labels.txt"
     (tmp_path / "test.txt").write_text("".join(line.split("\t")[0] + "\n"
                                                for line in (root / "test.tsv").read_text().splitlines()))
-    run([sys.executable, CLASSIFY, "classify", checkpoint, tmp_path / "test.txt", "-o", out,
+    run([sys.executable, *CLASSIFY, "classify", checkpoint, tmp_path / "test.txt", "-o", out,
          "--spm", root / "sp.model"])
     gold = [line.split("\t")[1] for line in (root / "test.tsv").read_text().splitlines()]
     predicted = [line.split("\t")[0] for line in out.read_text().splitlines()]

@@ -18,8 +18,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from faithfulness_table import mean_se  # noqa: E402
+from fairseq_dnas.stats import mean_se
 
 DEPTHS = (1, 2, 3)
 MODELS = ("infix", "prefix", "multiview")

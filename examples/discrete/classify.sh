@@ -11,13 +11,13 @@
 # skipped (GLUE's layout, ../shared/data/sst-binary/); labels are any words
 # (those of TRAIN). Steps, each skipped when done (safe to re-run):
 # 1. the text split into OUT/text/{train,valid,test}.{input0,label}
-#    (scripts/masked_lm_data.py tsv), lowercased as sentence_classify.py reads;
+#    (fairseq_dnas/recipes/masked_lm_data.py tsv), lowercased as sentence_classify.py reads;
 # 2. a SentencePiece model (VOCAB pieces) on the training sentences ->
 #    OUT/bin/sp.model, and fairseq-preprocess -> OUT/bin/data/{input0,label};
 # 3. training from scratch with examples/masked_lm/finetune.sh's settings
 #    (PRETRAINED=none), the thesis's size by default (6 layers, 64 wide,
 #    FFN 128, 4 heads) -> OUT/ARCH-seedSEED/checkpoint_last.pt;
-# 4. scripts/faithfulness.py on TEST, importance 'grad' and 'grad-x-input'
+# 4. fairseq_dnas/commands/faithfulness.py on TEST, importance 'grad' and 'grad-x-input'
 #    -> OUT/ARCH-seedSEED/faithfulness-*.jsonl, tau.png, and the table row
 #    OUT/ARCH-seedSEED/row.md (printed).
 # CPU: on sst-binary (6,920 training sentences) with MAX_UPDATE=400, about
@@ -55,10 +55,10 @@ mkdir -p "$OUT"
 check_settings_file "$OUT" "TRAIN=$TRAIN DEV=$DEV TEST=$TEST VOCAB=$VOCAB MAX_PIECES=$MAX_PIECES"
 if [ ! -s "$DATA/label/test.idx" ]; then
   say "1/4 reading $TRAIN, $DEV, $TEST"
-  "$PYTHON" "$REPO/scripts/masked_lm_data.py" tsv --train "$TRAIN" --valid "$DEV" --test "$TEST" --out "$TEXT" \
+  "$PYTHON" -m fairseq_dnas.recipes.masked_lm_data tsv --train "$TRAIN" --valid "$DEV" --test "$TEST" --out "$TEXT" \
     || exit 1
   say "2/4 SentencePiece ($VOCAB pieces) and fairseq-preprocess"
-  "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" train --input "$TEXT/train.input0" --model-prefix "$BIN/sp" \
+  "$PYTHON" -m fairseq_dnas.recipes.sentencepiece_tool train --input "$TEXT/train.input0" --model-prefix "$BIN/sp" \
     --vocab-size "$VOCAB" --threads "$WORKERS" > "$TEXT/sentencepiece.log" 2>&1 \
     || { tail -5 "$TEXT/sentencepiece.log" >&2; die "SentencePiece training failed (log: $TEXT/sentencepiece.log)"; }
   for split in train valid test; do
@@ -87,7 +87,7 @@ DATA="$DATA" TASK=tsv ARCH="$ARCH" SIZE=small PRETRAINED=none NUM_CLASSES="$NUM_
 say "4/4 faithfulness on $TEST"
 for form in grad grad-x-input; do
   [ -s "$RUN/summary-$form.json" ] && continue
-  "$PYTHON" "$REPO/scripts/faithfulness.py" "$RUN/checkpoint_last.pt" --test "$TEST" --importance "$form" \
+  "$PYTHON" -m fairseq_dnas.commands.faithfulness "$RUN/checkpoint_last.pt" --test "$TEST" --importance "$form" \
     --labels "$ARCH" --json "$RUN/faithfulness-$form.jsonl" --plot "$RUN/tau-$form.png" \
     > "$RUN/summary-$form.json.tmp" 2> "$RUN/faithfulness-$form.log" \
     || { tail -3 "$RUN/faithfulness-$form.log" >&2; die "faithfulness.py failed (log: $RUN/faithfulness-$form.log)"; }

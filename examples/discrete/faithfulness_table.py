@@ -14,21 +14,14 @@ table to --out (through a temporary file) and prints it.
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import sys
 
+from fairseq_dnas.stats import mean_se
+
 FORMS = ("grad", "grad-x-input")
 ORDER = ("roberta", "roberta_dnas", "roberta_hnas", "roberta_discrete_single", "roberta_discrete", "roberta_two_stream")
-
-
-def mean_se(xs):
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
-    return m, math.sqrt(var / len(xs))
 
 
 def collect(folder):

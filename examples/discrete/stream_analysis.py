@@ -31,10 +31,8 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
-from sentence_classify import BadInput, exit_status  # noqa: E402
-from translation_faithfulness import load as load_translation  # noqa: E402
+from fairseq_dnas.commands.sentence_classify import BadInput, exit_status
+from fairseq_dnas.commands.translation_faithfulness import load as load_translation
 
 # The POS tags of the thesis's Figure 6.2 legend.
 POS_TAGS = ("NN", "NNS", "NNP", "JJ", "RB", "VB", "VBG", "VBN")

@@ -7,7 +7,7 @@
 #    (examples/translation/train.sh, SIZE=mini by default), its test2016
 #    translations with sacreBLEU and a bootstrap interval (generate.sh), and
 #    the translation form of the faithfulness metric
-#    (scripts/translation_faithfulness.py: Kendall's tau between the encoder
+#    (fairseq_dnas/commands/translation_faithfulness.py: Kendall's tau between the encoder
 #    self-attention, and apart the decoder cross-attention, each source token
 #    receives and the gradient of the hypothesis's log-probability at its
 #    embedding);
@@ -70,7 +70,7 @@ run_job() {  # ARCH SEED: train, translate and score, the metric
       OUT_PREFIX="$run/$SUBSET" LABEL="$arch" bash "$HERE/../translation/generate.sh" > /dev/null
   fi
   if [ ! -s "$run/faithfulness.json" ]; then
-    "$PYTHON" "$REPO/scripts/translation_faithfulness.py" "$run/checkpoint_best.pt" --data "$DATA/bin" \
+    "$PYTHON" -m fairseq_dnas.commands.translation_faithfulness "$run/checkpoint_best.pt" --data "$DATA/bin" \
       --subset "$SUBSET" --beam "$BEAM" --max-examples "$FAITH_EXAMPLES" --labels "$arch-seed$seed" \
       --json "$run/faithfulness.jsonl" > "$run/faithfulness.json.tmp"
     mv "$run/faithfulness.json.tmp" "$run/faithfulness.json"

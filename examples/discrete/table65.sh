@@ -144,7 +144,7 @@ for item in "${RUNS[@]}"; do
     --save-interval-updates "$VALIDATE_INTERVAL" --save-interval 1000000 --keep-interval-updates 1
     --no-epoch-checkpoints --save-dir "$RUN" --log-format simple --log-interval "$LOG_INTERVAL" --cpu)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-  run_fairseq_train "$RUN" "$MAX_UPDATE" "$PYTHON" "$REPO/scripts/run_fairseq.py" train "${ARGS[@]}"
+  run_fairseq_train "$RUN" "$MAX_UPDATE" "$PYTHON" -m fairseq_dnas.recipes.run_fairseq train "${ARGS[@]}"
   say "4/5 predictions of $model seed $seed on the $N_TEST test expressions"
   "$PYTHON" "$HERE/arithmetic_eval.py" "$RUN/checkpoint_last.pt" --data "$BIN/$model" --views "$views" \
     --out "$RUN/predictions.json" || exit 1

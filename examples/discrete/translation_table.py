@@ -19,8 +19,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from faithfulness_table import mean_se  # noqa: E402
+from fairseq_dnas.stats import mean_se
 
 ORDER = ("transformer", "transformer_dnas", "transformer_hnas", "transformer_discrete_single",
          "transformer_discrete", "transformer_two_stream")

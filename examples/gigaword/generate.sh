@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Beam-search a headline for every test article, put them back in input
-# order, remove SentencePiece, and score them with scripts/rouge_eval.py.
+# order, remove SentencePiece, and score them with fairseq_dnas/commands/rouge_eval.py.
 #
 #   DATA=data/gigaword CHECKPOINT=checkpoints/gigaword/.../checkpoint_best.pt \
 #     bash examples/gigaword/generate.sh
@@ -58,7 +58,7 @@ say "decoding $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
 # Python 3.11 drop the last partial batch (7 of the 1,951 test sentences).
 # The console shows the sentences decoded; a bad file ends in one line.
 run_fairseq_generate "$OUT_PREFIX" "$(wc -l < "$SOURCES")" \
-  "$PYTHON" "$REPO/scripts/run_fairseq.py" generate "$DATA/bin" \
+  "$PYTHON" -m fairseq_dnas.recipes.run_fairseq generate "$DATA/bin" \
   --user-dir "$USER_DIR" \
   --task translation --source-lang article --target-lang title \
   --path "$CHECKPOINT" \
@@ -76,7 +76,7 @@ collect_hypotheses "$OUT_PREFIX" "$SOURCES"
 
 if [ "$SCORE" = 1 ]; then
   LABEL_ARGS=(); [ -n "$LABEL" ] && LABEL_ARGS=(--label "$LABEL")
-  "$PYTHON" "$REPO/scripts/rouge_eval.py" --hyp "$OUT_PREFIX.hyp" --ref "$REF" \
+  "$PYTHON" -m fairseq_dnas.commands.rouge_eval --hyp "$OUT_PREFIX.hyp" --ref "$REF" \
     "${LABEL_ARGS[@]}" --json-out "$OUT_PREFIX.rouge.json"
   say "ROUGE: $OUT_PREFIX.rouge.json"
 fi

@@ -45,7 +45,7 @@ OUT="$(cd "$OUT" && pwd)"
 if [ "$SUMDATA" = "download" ]; then
   say "no sumdata folder given: downloading the public Gigaword release (harvardnlp sent-summary) into $OUT/download"
   URL_ARGS=(); [ -n "$DOWNLOAD_URL" ] && URL_ARGS=(--url "$DOWNLOAD_URL")
-  "$PYTHON" "$REPO/scripts/gigaword_download.py" "$OUT/download" "${URL_ARGS[@]}"
+  "$PYTHON" -m fairseq_dnas.recipes.gigaword_download "$OUT/download" "${URL_ARGS[@]}"
   SUMDATA="$OUT/download/sumdata"
 fi
 [ -d "$SUMDATA" ] || die "$SUMDATA is not a folder (expected the harvardnlp sumdata layout, or the word 'download')"
@@ -68,7 +68,7 @@ done
 SETTINGS="sumdata=$SUMDATA vocab=$VOCAB_SIZE spm_type=$SPM_TYPE spm_sample=$SPM_SAMPLE src=$MAX_SOURCE_PIECES tgt=$MAX_TARGET_PIECES train=$MAX_TRAIN_PAIRS valid=$MAX_VALID_PAIRS test=$MAX_TEST_PAIRS extra=$EXTRA_TRAIN unk_to=$UNK_TO decontaminate=$DECONTAMINATE"
 check_settings_file "$OUT" "$SETTINGS"
 
-PAIRS=("$PYTHON" "$REPO/scripts/gigaword_pairs.py" --unk-to "$UNK_TO")
+PAIRS=("$PYTHON" -m fairseq_dnas.recipes.gigaword_pairs --unk-to "$UNK_TO")
 mkdir -p "$OUT/text" "$OUT/raw" "$OUT/spm"
 
 # 1. Check and clean the text. Validation and test first: training pairs with
@@ -99,7 +99,7 @@ fi
 # 2. One SentencePiece model for articles and titles (shared embeddings).
 if [ -f "$OUT/spm/sentencepiece.model" ]; then say "2/4 SentencePiece model: done already"; else
   say "2/4 training SentencePiece ($SPM_TYPE, $VOCAB_SIZE pieces)"
-  "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" train \
+  "$PYTHON" -m fairseq_dnas.recipes.sentencepiece_tool train \
     --input "$OUT/text/train.article" "$OUT/text/train.title" \
     --model-prefix "$OUT/spm/sentencepiece" \
     --vocab-size "$VOCAB_SIZE" \

@@ -54,8 +54,8 @@ DATA="$DATA" CHECKPOINT="$CKPT/checkpoint_best.pt" OUT_PREFIX="$WORK_DIR/results
 
 say "4/4 ROUGE, next to the lead-8 baseline"
 mkdir -p "$WORK_DIR/results"
-"$PYTHON" "$REPO/scripts/lead_baseline.py" --input "$DATA/raw/test.article" --words 8 > "$WORK_DIR/results/lead8.hyp"
-"$PYTHON" "$REPO/scripts/rouge_eval.py" --hyp "$WORK_DIR/results/lead8.hyp" --ref "$DATA/raw/test.title" \
+"$PYTHON" -m fairseq_dnas.commands.lead_baseline --input "$DATA/raw/test.article" --words 8 > "$WORK_DIR/results/lead8.hyp"
+"$PYTHON" -m fairseq_dnas.commands.rouge_eval --hyp "$WORK_DIR/results/lead8.hyp" --ref "$DATA/raw/test.title" \
   --label lead-8 --json-out "$WORK_DIR/results/lead8.rouge.json" > /dev/null
 
 echo
@@ -70,7 +70,7 @@ paste -d '\t' "$DATA/raw/test.article" "$DATA/raw/test.title" "$WORK_DIR/results
     echo
   done
 echo "=== ROUGE on the first $TEST_PAIRS test pairs (small-scale smoke run, not the paper's setting) ==="
-"$PYTHON" "$REPO/scripts/seed_table.py" --order "$ARCH,lead-8" \
+"$PYTHON" -m fairseq_dnas.commands.seed_table --order "$ARCH,lead-8" \
   "$WORK_DIR/results/$ARCH.rouge.json" "$WORK_DIR/results/lead8.rouge.json"
 echo
 say "done in $(( SECONDS - START )) s; outputs under $WORK_DIR"

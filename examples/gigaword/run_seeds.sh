@@ -78,14 +78,14 @@ run_jobs run_job log_of ${TODO[@]+"${TODO[@]}"}
 
 if [ "$LEAD_WORDS" -gt 0 ]; then
   mkdir -p "$RESULTS/lead$LEAD_WORDS"
-  "$PYTHON" "$REPO/scripts/lead_baseline.py" --input "$DATA_DIR/raw/test.article" --words "$LEAD_WORDS" \
+  "$PYTHON" -m fairseq_dnas.commands.lead_baseline --input "$DATA_DIR/raw/test.article" --words "$LEAD_WORDS" \
     > "$RESULTS/lead$LEAD_WORDS/lead.hyp.tmp"
   mv "$RESULTS/lead$LEAD_WORDS/lead.hyp.tmp" "$RESULTS/lead$LEAD_WORDS/lead.hyp"
-  "$PYTHON" "$REPO/scripts/rouge_eval.py" --hyp "$RESULTS/lead$LEAD_WORDS/lead.hyp" \
+  "$PYTHON" -m fairseq_dnas.commands.rouge_eval --hyp "$RESULTS/lead$LEAD_WORDS/lead.hyp" \
     --ref "$DATA_DIR/raw/test.title" --label "lead-$LEAD_WORDS" \
     --json-out "$RESULTS/lead$LEAD_WORDS/lead.rouge.json" > /dev/null
 fi
 
-"$PYTHON" "$REPO/scripts/seed_table.py" --order "${ARCHS// /,}" "$RESULTS"/*/*.rouge.json > "$RESULTS/table.md.tmp"
+"$PYTHON" -m fairseq_dnas.commands.seed_table --order "${ARCHS// /,}" "$RESULTS"/*/*.rouge.json > "$RESULTS/table.md.tmp"
 mv "$RESULTS/table.md.tmp" "$RESULTS/table.md"
 cat "$RESULTS/table.md"

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from fairseq_dnas.stats import mean_se
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 ARCHS = ("roberta", "roberta_dnas", "roberta_hnas")
@@ -65,12 +67,9 @@ METRIC = {"sst2": ("accuracy", "SST-2 accuracy (%)", 100.0), "cola": ("mcc", "Co
 LABEL = {"roberta": "UNAS (roberta)", "roberta_dnas": "DNAS (roberta_dnas)", "roberta_hnas": "HNAS (roberta_hnas)"}
 
 
-def mean_se(values):
+def mean_se_range(values):
     """(mean, standard error of the mean, min, max) of a list; se is 0 for one value."""
-    n = len(values)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
-    return mean, (var / n) ** 0.5, min(values), max(values)
+    return (*mean_se(values, single=0.0), min(values), max(values))
 
 
 def summarize(results, scores):
@@ -88,7 +87,7 @@ def summarize(results, scores):
             runs = sorted((s["seed"], scale * s[key]) for s in scores if s["arch"] == arch and s["task"] == task)
             row[task] = {"seeds": [seed for seed, _ in runs], "values": [v for _, v in runs]}
             if runs:
-                row[task].update(zip(("mean", "se", "min", "max"), mean_se([v for _, v in runs])))
+                row[task].update(zip(("mean", "se", "min", "max"), mean_se_range([v for _, v in runs])))
         rows.append(row)
     return rows
 
@@ -135,8 +134,7 @@ def append_jsonl(path, row):
 
 def score_runs(args, results, scores_path):
     """Score every fine-tuned model not scored yet on its task's test file."""
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    import sentence_classify
+    from fairseq_dnas.commands import sentence_classify
 
     scores = read_jsonl(scores_path)
     for r in results:
@@ -164,13 +162,13 @@ def pictures(args, results):
     py = sys.executable
     if "roberta_hnas" in pre:
         os.makedirs(os.path.join(args.out, "figure4"), exist_ok=True)
-        subprocess.run([py, os.path.join(REPO, "scripts", "plot_hybrid_weights.py"), pre["roberta_hnas"],
+        subprocess.run([py, "-m", "fairseq_dnas.commands.plot_hybrid_weights", pre["roberta_hnas"],
                         "--labels", "HNAS encoder after pretraining",
                         "--out", os.path.join(args.out, "figure4", "hybrid_weights.png"),
                         "--csv", os.path.join(args.out, "figure4", "hybrid_weights.csv")], check=True)
     archs = [a for a in ARCHS if a in pre]
     if archs:
-        subprocess.run([py, os.path.join(REPO, "scripts", "explaining_away.py"),
+        subprocess.run([py, "-m", "fairseq_dnas.commands.explaining_away",
                         "--path", *[pre[a] for a in archs], "--labels", *[LABEL[a].split()[0] for a in archs],
                         "--data", f"{args.data}/pretrain", "--subset", "valid",
                         "--out", os.path.join(args.out, "explaining_away")], check=True)

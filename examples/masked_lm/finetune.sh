@@ -11,7 +11,7 @@
 # sentence<TAB>label set, TASK=tsv, NUM_CLASSES classes, sizes as extra
 # fairseq-train flags). The model of the last update
 # is kept (SAVE_DIR/checkpoint_last.pt) and scored with
-# scripts/sentence_classify.py score (accuracy, MCC, bootstrap 95% intervals);
+# fairseq_dnas/commands/sentence_classify.py score (accuracy, MCC, bootstrap 95% intervals);
 # the validation split is printed for model selection, the test split is never
 # seen here. DEVICE/NPROC as in pretrain.sh. Safe to re-run (a finished run is
 # skipped).
@@ -81,4 +81,4 @@ say "$TASK from $PRETRAINED ($ARCH_NAME, seed $SEED): $MAX_UPDATE updates of $BA
 run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "${CMD[@]}"
 [ -f "$SAVE_DIR/checkpoint_last.pt" ] || die "fine-tuning ended without $SAVE_DIR/checkpoint_last.pt (see $SAVE_DIR/train.log)"
 date -u +%FT%TZ > "$SAVE_DIR/done"
-say "done: $SAVE_DIR/checkpoint_last.pt (score it: python scripts/sentence_classify.py score $SAVE_DIR/checkpoint_last.pt TEST.tsv)"
+say "done: $SAVE_DIR/checkpoint_last.pt (score it: python -m fairseq_dnas.commands.sentence_classify score $SAVE_DIR/checkpoint_last.pt TEST.tsv)"

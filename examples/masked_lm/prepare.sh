@@ -49,8 +49,8 @@ TEXT="$OUT_DIR/text"; BIN="$OUT_DIR/bin"
 mkdir -p "$TEXT" "$BIN"
 # A folder prepared with other settings is refused, never mixed with new output.
 check_settings_file "$OUT_DIR" "VOCAB=$VOCAB VALID_EVERY=$VALID_EVERY MAX_PIECES=$MAX_PIECES MAX_LINES=$MAX_LINES MAX_TRAIN=$MAX_TRAIN MAX_EVAL=$MAX_EVAL"
-SPM=("$PYTHON" "$REPO/scripts/sentencepiece_tool.py")
-DATA=("$PYTHON" "$REPO/scripts/masked_lm_data.py")
+SPM=("$PYTHON" -m fairseq_dnas.recipes.sentencepiece_tool)
+DATA=("$PYTHON" -m fairseq_dnas.recipes.masked_lm_data)
 PREPROCESS_OPTS=(--only-source --workers "$WORKERS")
 PREPROCESS=("$PYTHON" -m fairseq_cli.preprocess "${PREPROCESS_OPTS[@]}")
 

@@ -31,7 +31,7 @@ DATA="$OUT/data/bin/pretrain" ARCH="$ARCH" SIZE=small SAVE_DIR="$OUT/pretrain" M
   BATCH_SEQUENCES=8 LOG_INTERVAL=5 bash "$HERE/pretrain.sh"
 if [ "$ARCH" = roberta_hnas ]; then
   say "hybrid weight u per layer (mean over heads) after pretraining:"
-  "$PYTHON" "$REPO/scripts/plot_hybrid_weights.py" "$OUT/pretrain/checkpoint_last.pt" \
+  "$PYTHON" -m fairseq_dnas.commands.plot_hybrid_weights "$OUT/pretrain/checkpoint_last.pt" \
     --out "$OUT/pretrain/hybrid_weights.png" --csv "$OUT/pretrain/hybrid_weights.csv" >&2 \
     || die "reading the hybrid weights failed"
 fi
@@ -41,9 +41,9 @@ DATA="$OUT/data/bin/sst2" TASK=sst2 ARCH="$ARCH" SIZE=small PRETRAINED="$OUT/pre
 RAW="$OUT/data/text/sst2"
 paste "$RAW/test.input0" "$RAW/test.label" > "$RAW/test.tsv"
 say "scoring $OUT/sst2/checkpoint_last.pt on SST-2's test.tsv (its first $MAX_EVAL sentences)"
-"$PYTHON" "$REPO/scripts/sentence_classify.py" score "$OUT/sst2/checkpoint_last.pt" "$RAW/test.tsv" \
+"$PYTHON" -m fairseq_dnas.commands.sentence_classify score "$OUT/sst2/checkpoint_last.pt" "$RAW/test.tsv" \
   --json "$OUT/sst2/score.json" > /dev/null 2> "$OUT/score.log" || { cat "$OUT/score.log" >&2; die "scoring failed"; }
 grep -v 'INFO' "$OUT/score.log" >&2 || true
-"$PYTHON" "$REPO/scripts/sentence_classify.py" classify "$OUT/sst2/checkpoint_last.pt" "$RAW/test.input0" \
+"$PYTHON" -m fairseq_dnas.commands.sentence_classify classify "$OUT/sst2/checkpoint_last.pt" "$RAW/test.input0" \
   -o "$OUT/sst2/test.labels" 2> "$OUT/classify.log" || { cat "$OUT/classify.log" >&2; die "classify failed"; }
 say "classified $(wc -l < "$OUT/sst2/test.labels") sentences: $OUT/sst2/test.labels (label<TAB>probability); done"

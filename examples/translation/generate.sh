@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Translate a test set with beam search, put the translations back in input
-# order, remove SentencePiece, and score them with scripts/bleu_eval.py
+# order, remove SentencePiece, and score them with fairseq_dnas/commands/bleu_eval.py
 # (detokenized, cased sacreBLEU BLEU and chrF against the raw reference).
 #
 #   DATA=data/multi30k CHECKPOINT=checkpoints/translation/.../checkpoint_best.pt \
@@ -40,10 +40,10 @@ mkdir -p "$(dirname "$OUT_PREFIX")"
 
 say "translating $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN, $DEVICE)"
 # --required-batch-size-multiple 1: some fairseq builds otherwise drop the last
-# partial batch (scripts/collect_hypotheses.py would then refuse). The console
+# partial batch (fairseq_dnas/recipes/collect_hypotheses.py would then refuse). The console
 # shows the sentences translated; a bad checkpoint or data file ends in one line.
 run_fairseq_generate "$OUT_PREFIX" "$(wc -l < "$DATA/spm/$SUBSET.$SRC")" \
-  "$PYTHON" "$REPO/scripts/run_fairseq.py" generate "$DATA/bin" \
+  "$PYTHON" -m fairseq_dnas.recipes.run_fairseq generate "$DATA/bin" \
   --user-dir "$USER_DIR" \
   --task translation --source-lang "$SRC" --target-lang "$TGT" \
   --path "$CHECKPOINT" \
@@ -60,7 +60,7 @@ collect_hypotheses "$OUT_PREFIX" "$DATA/spm/$SUBSET.$SRC"
 
 if [ "$SCORE" = 1 ]; then
   LABEL_ARGS=(); [ -n "$LABEL" ] && LABEL_ARGS=(--label "$LABEL")
-  "$PYTHON" "$REPO/scripts/bleu_eval.py" --hyp "$OUT_PREFIX.hyp" --ref "$DATA/text/$SUBSET.$TGT" \
+  "$PYTHON" -m fairseq_dnas.commands.bleu_eval --hyp "$OUT_PREFIX.hyp" --ref "$DATA/text/$SUBSET.$TGT" \
     "${LABEL_ARGS[@]}" --json-out "$OUT_PREFIX.bleu.json"
 fi
 say "translations: $OUT_PREFIX.hyp"

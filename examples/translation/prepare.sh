@@ -70,7 +70,7 @@ for k in "${!SPLITS[@]}"; do
     *)     ARGS=(--max-pairs "$MAX_TEST_PAIRS" --keep-empty) ;;
   esac
   say "1/4 checking $split: ${PREFIXES[$k]}.{$SRC,$TGT}"
-  "$PYTHON" "$REPO/scripts/parallel_text.py" --pair "${PREFIXES[$k]}.$SRC" "${PREFIXES[$k]}.$TGT" \
+  "$PYTHON" -m fairseq_dnas.recipes.parallel_text --pair "${PREFIXES[$k]}.$SRC" "${PREFIXES[$k]}.$TGT" \
     --src "$SRC" --tgt "$TGT" --out-prefix "$OUT/text/$split" "${ARGS[@]}"
 done
 for k in "${!SPLITS[@]}"; do
@@ -82,7 +82,7 @@ done > "$OUT/test_sets.txt"
 check_python
 if [ -f "$OUT/spm/sentencepiece.model" ]; then say "2/4 SentencePiece model: done already"; else
   say "2/4 training SentencePiece ($SPM_TYPE, $VOCAB_SIZE pieces, $SRC + $TGT)"
-  "$PYTHON" "$REPO/scripts/sentencepiece_tool.py" train \
+  "$PYTHON" -m fairseq_dnas.recipes.sentencepiece_tool train \
     --input "$OUT/text/train.$SRC" "$OUT/text/train.$TGT" \
     --model-prefix "$OUT/spm/sentencepiece" \
     --vocab-size "$VOCAB_SIZE" \

@@ -59,6 +59,6 @@ paste -d '\t' "$DATA/text/test.de" "$DATA/text/test.en" "$WORK_DIR/results/$ARCH
     echo
   done
 echo "=== sacreBLEU on the first $TEST_PAIRS test2016 pairs (small-scale smoke run) ==="
-"$PYTHON" "$REPO/scripts/bleu_eval.py" --hyp "$WORK_DIR/results/$ARCH.hyp" --ref "$DATA/text/test.en"
+"$PYTHON" -m fairseq_dnas.commands.bleu_eval --hyp "$WORK_DIR/results/$ARCH.hyp" --ref "$DATA/text/test.en"
 echo
 say "done in $(( SECONDS - START )) s; outputs under $WORK_DIR"

@@ -1,7 +1,9 @@
-"""Analysis tools behind ``scripts/``: the paper's three pictures for your models.
+"""Analysis tools behind ``fairseq_dnas.commands``: the paper's three pictures for your models.
 
 - ``hybrid``: HNAS weights u (Eq. 12) read from checkpoints (Figures 3-5).
-- ``checkpoints``: load a checkpoint with its task for analysis.
+- ``checkpoints``: what loading a checkpoint for analysis needs (its task's
+  data folder, its encoder's scheme); the loading, which registers the
+  plugin, is ``fairseq_dnas.loading``, a layer above this library.
 - ``capture``: per-head attention probabilities of every attention module,
   captured with forward hooks while the model runs unchanged.
 - ``column_sums``: how much attention each key receives, sum_i pi_ij
@@ -14,6 +16,6 @@
 - ``plots``: the matplotlib pictures (Agg backend, no display needed).
 - ``files``: write outputs atomically (temporary file, then rename).
 
-Nothing here is imported by ``import fairseq_dnas``; matplotlib is only
-imported by ``plots``.
+Nothing here is imported by ``import fairseq_dnas``, and nothing here
+imports ``fairseq_dnas.plugin``; matplotlib is only imported by ``plots``.
 """

@@ -1,11 +1,12 @@
-"""Load a fairseq checkpoint for analysis: this plugin's ``transformer_dnas``
-(or a plain ``transformer``) of a translation task, or its encoder-only
-``roberta_dnas`` (or a plain ``roberta``) of a ``masked_lm`` or
-``sentence_prediction`` task."""
+"""What loading a fairseq checkpoint for analysis needs to know: this
+plugin's ``transformer_dnas`` (or a plain ``transformer``) of a translation
+task, or its encoder-only ``roberta_dnas`` (or a plain ``roberta``) of a
+``masked_lm`` or ``sentence_prediction`` task; which data folder its task
+reads; which scheme a loaded model's encoder runs. The loading itself
+(which registers the plugin) is ``fairseq_dnas.loading.load_model``, a layer
+above this library."""
 
 import os
-
-import torch
 
 # Tasks whose models are RoBERTa encoders (no decoder), and the data folders
 # they read their dictionary from.
@@ -91,35 +92,6 @@ def _override(state, overrides) -> None:
             setattr(state["args"], name, value)
     if state.get("cfg") is not None:
         overwrite_args_by_name(state["cfg"], overrides)
-
-
-def load_model(path: str, data: str, device: str = "cpu"):
-    """(model in eval mode, cfg, task) of checkpoint ``path``, with the task's
-    data folder set to ``data`` (the dictionaries are read from there; for a
-    masked_lm checkpoint given a sentence_prediction folder, ``data/input0``).
-
-    FileNotFoundError for a missing file or folder; ``errors.BadFile``
-    (one line naming the file) for a truncated or corrupt checkpoint, one
-    that does not fit the data's dictionary, or a bad data file;
-    DataMismatch for a data folder of another kind than the checkpoint's
-    task reads (translation data for a RoBERTa checkpoint, or the reverse)."""
-    import fairseq_dnas.plugin  # noqa: F401  (models, tasks, fairseq checkpoint loading under torch >= 2.6)
-    from fairseq import checkpoint_utils
-
-    from fairseq_dnas import fairseq_patches
-
-    fairseq_patches.install(only=["file_checks"])  # a bad checkpoint or data file: BadFile naming it
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if not os.path.isdir(data):
-        raise FileNotFoundError(f"data folder not found: {data} (give the fairseq-preprocess --destdir)")
-    # Read once, look at the task, then build from the same state.
-    state = checkpoint_utils.load_checkpoint_to_cpu(path, {"user_dir": plugin_dir()})
-    overrides = {"data": task_data(checkpoint_task(state), data, path), "user_dir": plugin_dir()}
-    _override(state, overrides)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides, state=state)
-    model = models[0].eval().to(torch.device(device))
-    return model, cfg, task
 
 
 def _encoder_layers(model):

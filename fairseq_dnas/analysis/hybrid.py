@@ -1,7 +1,8 @@
 """HNAS weights u (Eq. 12: pi = u * pi_D + (1 - u) * pi_U) read from checkpoints.
 
 Reads the saved parameters directly, so it needs neither the training data
-nor the dictionaries, only the checkpoint file.
+nor the dictionaries, only the checkpoint's state; reading the file is
+``fairseq_dnas.loading.read_hybrid_weights``.
 """
 
 import os
@@ -62,23 +63,16 @@ def _get(obj, name, default=None):
     return getattr(obj, name, default)
 
 
-def read_hybrid_weights(path: str) -> HybridWeights:
+def hybrid_weights(state, path: str) -> HybridWeights:
     """u per encoder layer and head of an HNAS checkpoint (``transformer_hnas``
-    or ``roberta_hnas``, of any task).
+    or ``roberta_hnas``, of any task), from its loaded ``state`` (what
+    ``fairseq_dnas.loading.read_state(path)`` returns; ``path`` names it in
+    messages).
 
-    Raises FileNotFoundError for a missing file, ``errors.BadFile`` for a
-    truncated or corrupt one, and NoHybridWeights for any checkpoint without
-    HNAS weights (a plain ``transformer`` or ``roberta``, a DNAS or UNAS
-    ``transformer_dnas`` / ``roberta_dnas``).
+    Raises NoHybridWeights for any checkpoint without HNAS weights (a plain
+    ``transformer`` or ``roberta``, a DNAS or UNAS ``transformer_dnas`` /
+    ``roberta_dnas``).
     """
-    import fairseq_dnas.plugin  # noqa: F401  (lets fairseq load checkpoints under torch >= 2.6)
-    from fairseq import checkpoint_utils
-
-    from fairseq_dnas.fairseq_patches.file_checks import read_checkpoint
-
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    state = read_checkpoint(checkpoint_utils.load_checkpoint_to_cpu, path)  # BadFile if unreadable
     model_cfg = _model_cfg(state)
     arch = str(_get(model_cfg, "arch", _get(model_cfg, "_name", "?")))
     logits = {}

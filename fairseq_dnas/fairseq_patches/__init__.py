@@ -24,7 +24,7 @@ Never by importing ``fairseq_dnas``, ``fairseq_dnas.nn``,
 The patches marked ``command_line`` (bad files and flags as one line) are
 installed only inside fairseq's own commands (``fairseq-train``,
 ``-generate``, ``-interactive``, ``-validate``, also as ``python -m
-fairseq_cli.<command>``, and ``scripts/run_fairseq.py``) or with
+fairseq_cli.<command>``, and ``fairseq_dnas/recipes/run_fairseq.py``) or with
 ``install(command_line=True)``: in a notebook or a script of your own, fairseq
 raises its own exceptions.
 

@@ -6,7 +6,7 @@ an empty or truncated binarized file with a long traceback (or, for a
 truncated ``.bin``, with garbage batches or an error many updates later).
 ``install()`` wraps the few fairseq functions that read those files so that
 each problem is raised as ``BadFile("<path>: <what is wrong>")``;
-``scripts/run_fairseq.py`` (what the Gigaword recipe runs) and the analysis
+``fairseq_dnas/recipes/run_fairseq.py`` (what the Gigaword recipe runs) and the analysis
 scripts print that one line and exit with status 1. Nothing changes for a
 good file.
 

@@ -17,7 +17,7 @@ across data-parallel workers. Any of them can select the best checkpoint.
 
 The reference is the binarized target (after SentencePiece and truncation),
 so these numbers track training; the test-set score that papers report is
-scripts/rouge_eval.py against the raw reference file.
+fairseq_dnas/commands/rouge_eval.py against the raw reference file.
 """
 
 import json

@@ -2,8 +2,9 @@
 
 Deliberately naive: one (batch, head) at a time, only the real queries and
 keys, each normalization written out (as a log-sum-exp, so that scores of any
-size stay exact). Everything in fairseq_dnas is tested
-against this.
+size stay exact). Everything in fairseq_dnas is tested against this (tests/),
+and the benchmarks check their rows against it; it is part of the package so
+that both import it the same way, and nothing in the package imports it.
 """
 
 import torch

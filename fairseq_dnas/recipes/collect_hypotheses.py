@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Turn fairseq-generate output into one detokenized headline per source line.
 
-    python scripts/collect_hypotheses.py --generate-log gen.out --sources spm/test.article --out test.hyp
+    python -m fairseq_dnas.recipes.collect_hypotheses --generate-log gen.out --sources spm/test.article --out test.hyp
 
 Reads the ``H-<id>\\t<score>\\t<pieces>`` lines (fairseq prints them in batch
 order, not input order), puts them back in input order, removes SentencePiece

@@ -40,10 +40,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import sentence_classify  # noqa: E402
-from sentence_classify import BadInput  # noqa: E402
+from fairseq_dnas.commands import sentence_classify
+from fairseq_dnas.commands.sentence_classify import BadInput
 
 
 def measure(checkpoint, args):

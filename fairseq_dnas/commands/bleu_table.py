@@ -2,7 +2,7 @@
 """Translation results table from bleu_eval.py JSON files: BLEU and chrF per
 system and test set, mean +- standard error over seeds.
 
-    python scripts/bleu_table.py --order transformer,transformer_dnas,transformer_hnas \
+    python -m fairseq_dnas.commands.bleu_table --order transformer,transformer_dnas,transformer_hnas \
         results/translation/*/seed*.test2016.bleu.json results/translation/*/seed*.test2017.bleu.json
 
 Runs are grouped by the JSON's ``label`` (the system) and by the test set,
@@ -15,12 +15,12 @@ systems against.
 """
 
 import argparse
-import math
 import os
 import sys
 from collections import OrderedDict
 
-from seed_table import NAMES, load
+from fairseq_dnas.commands.seed_table import NAMES, load
+from fairseq_dnas.stats import mean_se_cell
 
 
 def _test_set(path):
@@ -30,12 +30,9 @@ def _test_set(path):
 
 def cell(results, metric):
     values = [r[metric]["score"] for r in results]
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        r = results[0][metric]
-        return f"{mean:.2f} [{r['low']:.2f}, {r['high']:.2f}]", ""
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return f"{mean:.2f} ± {sd / math.sqrt(len(values)):.2f}", f"{max(values) - min(values):.2f}"
+    r = results[0][metric]
+    spread = f"{max(values) - min(values):.2f}" if len(values) > 1 else ""
+    return mean_se_cell(values, interval=(r["low"], r["high"])), spread
 
 
 def table(paths, order=()):

@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from gigaword_pairs import InputError, count_lines, read_lines
+from fairseq_dnas.recipes.gigaword_pairs import InputError, count_lines, read_lines
 
 
 def check_files(src, tgt):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """sacreBLEU BLEU and chrF of a hypothesis file against one or more references.
 
-    python scripts/bleu_eval.py --hyp test2016.hyp --ref raw/test_2016_flickr.en
-    python scripts/bleu_eval.py --hyp sys.hyp --ref ref1 --ref ref2 --json
+    python -m fairseq_dnas.commands.bleu_eval --hyp test2016.hyp --ref raw/test_2016_flickr.en
+    python -m fairseq_dnas.commands.bleu_eval --hyp sys.hyp --ref ref1 --ref ref2 --json
 
 Files are aligned line by line, detokenized and cased (what sacreBLEU is made
 for: it applies its own tokenization, ``13a`` for BLEU, so scores are
@@ -17,7 +17,7 @@ count differs from any reference is refused (exit 1, message on stderr).
 import argparse
 import sys
 
-from rouge_eval import emit, load_aligned  # the same file checks and outputs as ROUGE
+from fairseq_dnas.commands.rouge_eval import emit, load_aligned  # the same file checks and outputs as ROUGE
 from sacrebleu.metrics import BLEU, CHRF
 
 METRICS = {"bleu": BLEU, "chrf": CHRF}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Lead-N baseline: the first N words of each article as its headline.
 
-    python scripts/lead_baseline.py --input raw/test.article --words 8 > lead8.hyp
+    python -m fairseq_dnas.commands.lead_baseline --input raw/test.article --words 8 > lead8.hyp
 
 Gigaword headlines average 8.5 words, so lead-8 is the usual "no model"
 reference point for ROUGE on this test set. Words are whitespace-separated

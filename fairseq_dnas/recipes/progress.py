@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Show how far a long recipe step is, by following the file it writes.
 
-    python scripts/progress.py train SAVE_DIR/train.log --total 1500
-    python scripts/progress.py lines OUT.generate.log.tmp --total 500 --prefix H- --label generate --unit sentences
-    python scripts/progress.py lines OUT.tmp --total 3800000 --label prepare --unit lines
-    python scripts/progress.py bytes 'OUT/bin.tmp/*.bin' --total 270000000 --label prepare --unit binarized
+    python -m fairseq_dnas.recipes.progress train SAVE_DIR/train.log --total 1500
+    python -m fairseq_dnas.recipes.progress lines OUT.generate.log.tmp --total 500 --prefix H- --label generate --unit sentences
+    python -m fairseq_dnas.recipes.progress lines OUT.tmp --total 3800000 --label prepare --unit lines
+    python -m fairseq_dnas.recipes.progress bytes 'OUT/bin.tmp/*.bin' --total 270000000 --label prepare --unit binarized
 
 ``train`` reads fairseq-train's log (``--log-format simple`` or ``json``, in
 either logging layout: ``2026-11-23 10:00:00 | INFO | train_inner | epoch

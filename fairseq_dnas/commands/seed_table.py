@@ -2,8 +2,8 @@
 """Build the paper's Table 3 form from rouge_eval.py JSON results: mean +-
 standard error over runs of ROUGE-1/2/L F1, one row per system.
 
-    python scripts/seed_table.py results/*/seed*.rouge.json
-    python scripts/seed_table.py --order transformer,transformer_dnas,transformer_hnas results/*/*.json
+    python -m fairseq_dnas.commands.seed_table results/*/seed*.rouge.json
+    python -m fairseq_dnas.commands.seed_table --order transformer,transformer_dnas,transformer_hnas results/*/*.json
 
 Runs are grouped by the JSON's ``label`` (``rouge_eval.py --label``), else by
 the name of the folder holding the file. Standard error = sample standard
@@ -19,10 +19,11 @@ printed (exit status 1).
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections import Counter, OrderedDict
+
+from fairseq_dnas.stats import mean_se_cell
 
 TYPES = (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L"))
 NAMES = {
@@ -90,12 +91,8 @@ def load(paths):
 
 def cell(results, rouge_type, variant):
     values = [r[variant][rouge_type]["fmeasure"]["mean"] for r in results]
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        f = results[0][variant][rouge_type]["fmeasure"]
-        return f"{mean:.2f} [{f['low']:.2f}, {f['high']:.2f}]"
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return f"{mean:.2f} ± {sd / math.sqrt(len(values)):.2f}"
+    f = results[0][variant][rouge_type]["fmeasure"]
+    return mean_se_cell(values, interval=(f["low"], f["high"]))
 
 
 def table(groups, variant, order=()):

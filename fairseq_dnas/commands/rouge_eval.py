@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """ROUGE-1/2/L F1 of a hypothesis file against one or more reference files.
 
-    python scripts/rouge_eval.py --hyp test.hyp --ref raw/test.title
-    python scripts/rouge_eval.py --hyp duc.hyp --ref ref0 --ref ref1 --ref ref2 --ref ref3 --json
+    python -m fairseq_dnas.commands.rouge_eval --hyp test.hyp --ref raw/test.title
+    python -m fairseq_dnas.commands.rouge_eval --hyp duc.hyp --ref ref0 --ref ref1 --ref ref2 --ref ref3 --json
 
 Files are aligned line by line (one headline a line). Scores come from
 Google's ``rouge-score`` package (a Python reimplementation of Perl

@@ -37,16 +37,15 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from faithfulness import add_metric_options, write_rows  # noqa: E402
-from sentence_classify import BadInput, exit_status  # noqa: E402
+from fairseq_dnas.commands.faithfulness import add_metric_options, write_rows
+from fairseq_dnas.commands.sentence_classify import BadInput, exit_status
 
 ATTENTIONS = ("encoder", "cross")
 
 
 def load(checkpoint, data):
-    from fairseq_dnas.analysis.checkpoints import DataMismatch, load_model
+    from fairseq_dnas.analysis.checkpoints import DataMismatch
+    from fairseq_dnas.loading import load_model
     from fairseq_dnas.errors import BadFile
 
     try:
@@ -55,7 +54,7 @@ def load(checkpoint, data):
         raise BadInput(str(err)) from None
     if getattr(model, "decoder", None) is None or not hasattr(task, "source_dictionary") \
             or getattr(task.cfg, "source_lang", None) is None:
-        raise BadInput(f"{checkpoint}: not a translation checkpoint (use scripts/faithfulness.py "
+        raise BadInput(f"{checkpoint}: not a translation checkpoint (use fairseq_dnas/commands/faithfulness.py "
                        "for sentence classifiers)")
     return model, task
 

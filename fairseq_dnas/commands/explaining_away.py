@@ -37,9 +37,9 @@ pair only the first). A sentence_prediction checkpoint needs its own
 fine-tuning folder (input0/, label/).
 
 Examples:
-    python scripts/explaining_away.py --path unas/checkpoint_best.pt dnas/checkpoint_best.pt \\
+    python -m fairseq_dnas.commands.explaining_away --path unas/checkpoint_best.pt dnas/checkpoint_best.pt \\
         --data data-bin/gigaword --subset valid --out analysis/explaining_away
-    python scripts/explaining_away.py --labels UNAS DNAS HNAS --path \\
+    python -m fairseq_dnas.commands.explaining_away --labels UNAS DNAS HNAS --path \\
         checkpoints/masked_lm/{roberta,roberta_dnas,roberta_hnas}-small-seed1/checkpoint_last.pt \\
         --data data/masked_lm/bin/pretrain --subset valid --out analysis/explaining_away_mlm
 
@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from fairseq_dnas.analysis.checkpoints import DataMismatch, encoder_scheme, load_model
+    from fairseq_dnas.analysis.checkpoints import DataMismatch, encoder_scheme
+    from fairseq_dnas.loading import load_model
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     results = []  # (label, scheme, recorder, info)

@@ -14,9 +14,9 @@ Works on transformer_hnas (translation, summarization) and roberta_hnas
 the checkpoint files are read (no data folder needed).
 
 Examples:
-    python scripts/plot_hybrid_weights.py $(ls -v checkpoints/hnas/checkpoint[0-9]*.pt) \\
+    python -m fairseq_dnas.commands.plot_hybrid_weights $(ls -v checkpoints/hnas/checkpoint[0-9]*.pt) \\
         --out hybrid_weights.png --csv hybrid_weights.csv
-    python scripts/plot_hybrid_weights.py checkpoints/masked_lm/roberta_hnas-small-seed1/checkpoint_last.pt \\
+    python -m fairseq_dnas.commands.plot_hybrid_weights checkpoints/masked_lm/roberta_hnas-small-seed1/checkpoint_last.pt \\
         --labels "HNAS encoder after pretraining" --out figure4.png --csv figure4.csv
 
 Exit status: 0 on success; 1 when a checkpoint is missing, unreadable
@@ -28,8 +28,9 @@ import argparse
 import sys
 
 from fairseq_dnas.analysis.files import write_csv
-from fairseq_dnas.analysis.hybrid import NoHybridWeights, read_hybrid_weights
+from fairseq_dnas.analysis.hybrid import NoHybridWeights
 from fairseq_dnas.errors import BadFile
+from fairseq_dnas.loading import read_hybrid_weights
 
 
 def parse_args(argv):

@@ -18,7 +18,7 @@ own attention functions in float64.
    -> collapse_500_50.png, collapse_225_225.png, collapse_2d.csv
 
 Example:
-    python scripts/mode_collapse.py --out analysis/mode_collapse
+    python -m fairseq_dnas.commands.mode_collapse --out analysis/mode_collapse
 
 Runs in a few seconds on a CPU. Exit status 0 on success, 2 for bad arguments.
 """
