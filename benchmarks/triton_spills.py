@@ -71,7 +71,6 @@ from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, before attention/triton/ is imported
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

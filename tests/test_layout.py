@@ -16,9 +16,7 @@ from helpers import ROOT
 
 from fairseq_dnas.commands import COMMANDS
 
-# The Triton tile and spill tools put the repository first on sys.path; they
-# belong to the kernel work and lose the line with its next change.
-SYS_PATH_EXEMPT = {"tests/conftest.py", "benchmarks/triton_tiles.py", "benchmarks/triton_spills.py"}
+SYS_PATH_EXEMPT = {"tests/conftest.py"}
 
 
 def _tracked(suffix=""):
