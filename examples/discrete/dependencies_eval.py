@@ -171,8 +171,11 @@ def evaluate(checkpoint: str, bin_dir: str, lines, starts, soft_threshold: float
 
 def plot(path: str, words: List[str], starts: List[int], panels, title: str = "") -> None:
     """Figure 4.1: the true dependency and each model's field of one sequence."""
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging config lets its DEBUG lines through
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
