@@ -22,8 +22,11 @@
 #    OUT/result.json (precision, recall, test_perplexity, the soft model's
 #    figures, the thesis's) and OUT/figure_4_1.png.
 # Extra arguments go to both fairseq-train runs.
-# CPU, one thread (OMP_NUM_THREADS=1): SIZE=full trains 2 x MAX_UPDATE
-# updates of 64 sequences, about 0.2-0.4 s each on a busy 2-core machine.
+# CPU, one thread (OMP_NUM_THREADS=1): SIZE=full took 41 minutes on the
+# shared 2-core machine (2 x 6,000 updates of 64 sequences, about 0.2 s
+# each). At PENALTY=0.1 both models collapsed onto </s> (precision 0.532,
+# recall 0.416); PENALTY=0.01 found the dependencies (0.689, 0.819):
+# docs/results/2026-11-27-cpu-dependency-experiment.md.
 set -euo pipefail
 
 OUT="${OUT:-checkpoints/dependencies}"
