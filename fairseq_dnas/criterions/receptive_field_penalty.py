@@ -27,7 +27,10 @@ and computes per sentence b
 ``classification_head_name``), else every real position. The stacks are
 the encoder's (each view's for a multiview model, on that view's tokens)
 and, for an encoder-decoder model, the decoder's causal self-attention on
-the target prefix. The returned loss is
+the target prefix; for a decoder-only language model
+(``transformer_lm_discrete_single``, ``--task language_modeling``) the
+decoder's causal self-attention on ``src_tokens``, every real position a
+reader (each predicts the next token). The returned loss is
 
     loss + C * (sum_b P_b) * sample_size / nsentences
 
@@ -79,19 +82,25 @@ def _self_attention(stack) -> List:
     modules = [layer.self_attn for layer in stack.layers]
     if not all(hasattr(m, "keep_sample") for m in modules):
         raise BadFlag(f"the receptive-field penalty (--criterion *{SUFFIX}) needs a discrete model "
-                      "(transformer_discrete*, roberta_discrete*, *_two_stream*); use the base criterion")
+                      "(transformer_discrete*, transformer_lm_discrete*, roberta_discrete*, *_two_stream*); "
+                      "use the base criterion")
     return modules
 
 
 def penalty_stacks(model, sample, classification: bool) -> List[Stack]:
     """The self-attention stacks the penalty sums over, each with the tokens
     it reads: the encoder (RoBERTa: each view's, on that view's tokens) and
-    an encoder-decoder model's decoder on the target prefix. Readers: ``<s>``
+    an encoder-decoder model's decoder on the target prefix; a decoder-only
+    language model's decoder on ``src_tokens``. Readers: ``<s>``
     (position 0, what fairseq's classification head reads) with
     ``classification``, else None (every real position)."""
     model = getattr(model, "module", model)  # DistributedDataParallel
     net_input = sample["net_input"]
     tokens = net_input["src_tokens"]
+    if getattr(model, "decoder", None) is not None and getattr(model, "encoder", None) is None:
+        # A decoder-only language model (language_modeling): its causal
+        # self-attention reads src_tokens, and every real position predicts.
+        return [(_self_attention(model.decoder), tokens, model.decoder.padding_idx, None)]
     if getattr(model, "decoder", None) is not None:
         return [(_self_attention(model.encoder), tokens, model.encoder.padding_idx, None),
                 (_self_attention(model.decoder), net_input["prev_output_tokens"], model.decoder.padding_idx, None)]
