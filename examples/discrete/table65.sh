@@ -15,7 +15,9 @@
 # Steps, each skipped when done (safe to re-run; an interrupted training run
 # resumes from its checkpoint_last.pt):
 # 1. OUT/data: examples/discrete/arithmetic.py (N_TRAIN training, N_TEST test
-#    expressions, DATA_SEED; test disjoint from training);
+#    expressions, DATA_SEED; SPLIT=iid draws test and training expressions
+#    independently, as the thesis does, SPLIT=disjoint keeps test expressions
+#    out of training);
 # 2. OUT/bin/{infix,prefix}/{input0,label} and OUT/bin/multiview/{input0,
 #    input1,label} (links to the first two: input0 infix, input1 prefix), one
 #    fixed dictionary of the 9 tokens and labels 0-4 in order. The valid
@@ -36,6 +38,7 @@ N_TRAIN="${N_TRAIN:-30000}"            # the thesis's 30,000
 N_TEST="${N_TEST:-3000}"               # the thesis's 3,000
 N_VALID="${N_VALID:-500}"              # monitor: the first N_VALID training expressions
 DATA_SEED="${DATA_SEED:-1}"
+SPLIT="${SPLIT:-iid}"                  # iid (the thesis's reading: test lines may be training lines) | disjoint
 MODELS="${MODELS:-infix prefix multiview}"
 SEEDS="${SEEDS:-1 2 3}"
 ARCH_SIZE="${ARCH_SIZE:-thesis}"       # thesis (6 layers, 64 wide, FFN 128, 4 heads) | small | base
@@ -55,6 +58,7 @@ for n in N_TRAIN N_TEST N_VALID MAX_UPDATE BATCH WARMUP LOG_INTERVAL VALIDATE_IN
 check_number DATA_SEED
 check_number LAYERS
 check_choice ARCH_SIZE thesis small base
+check_choice SPLIT iid disjoint
 [ "$N_VALID" -le "$N_TRAIN" ] || die "N_VALID=$N_VALID: at most N_TRAIN=$N_TRAIN (the monitor is a part of the training set)"
 [[ "$LR" =~ ^[0-9.]+(e-?[0-9]+)?$ ]] || die "LR=$LR: give a positive number (e.g. 1e-3)"
 [[ "$DROPOUT" =~ ^(0(\.[0-9]+)?|1(\.0*)?)$ ]] || die "DROPOUT=$DROPOUT: give a number from 0 to 1 (e.g. 0.1)"
@@ -64,13 +68,13 @@ for s in $SEEDS; do SEED="$s" check_number SEED; done
 [ -n "${SEEDS// /}" ] || die "SEEDS is empty: give seeds, e.g. SEEDS='1 2 3'"
 check_python
 mkdir -p "$OUT"
-check_settings_file "$OUT" "N_TRAIN=$N_TRAIN N_TEST=$N_TEST N_VALID=$N_VALID DATA_SEED=$DATA_SEED"
+check_settings_file "$OUT" "N_TRAIN=$N_TRAIN N_TEST=$N_TEST N_VALID=$N_VALID DATA_SEED=$DATA_SEED SPLIT=$SPLIT"
 
 # 1. the expressions
 DATA="$OUT/data"
 if [ ! -s "$DATA/test.depth" ]; then
-  say "1/5 generating $N_TRAIN training and $N_TEST test expressions (seed $DATA_SEED)"
-  "$PYTHON" "$HERE/arithmetic.py" "$DATA" --train "$N_TRAIN" --test "$N_TEST" --seed "$DATA_SEED" || exit 1
+  say "1/5 generating $N_TRAIN training and $N_TEST test expressions (seed $DATA_SEED, split $SPLIT)"
+  "$PYTHON" "$HERE/arithmetic.py" "$DATA" --train "$N_TRAIN" --test "$N_TEST" --seed "$DATA_SEED" --split "$SPLIT" || exit 1
 fi
 
 # 2. text files per view and split, then fairseq's binary files
