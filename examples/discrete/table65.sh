@@ -28,9 +28,14 @@
 #    other training settings is refused: OUT/MODEL-seedS/settings.txt);
 # 4. OUT/MODEL-seedS/predictions.json (examples/discrete/arithmetic_eval.py);
 # 5. OUT/table.md.
-# CPU: at the defaults (ARCH_SIZE=thesis with LAYERS=2) 48 minutes on
-# one busy core for the 9 runs (examples/discrete/README.md, section "Table
-# 6.5 at CPU scale").
+# The defaults (ARCH_SIZE=thesis with LAYERS=2, 30,000 updates of 32 at a
+# constant 1e-3 after 500 warm-up updates) are set by the learnability probes
+# of docs/results/2026-11-27-cpu-table65-learnability.md: the loss sits on a
+# plateau at the majority answer for about 8,000 updates, then depth 1 is
+# learned (95% at depth 1 after 17,500 updates in the probe); the 2,500
+# updates used before 2026-11-27 ended inside the plateau. CPU: about 25
+# minutes per single-view run and twice that per multiview run on a quiet
+# core, about 5 hours for the 9 runs (several times that on a busy one).
 set -euo pipefail
 
 OUT="${OUT:-checkpoints/discrete/table65}"
@@ -43,13 +48,14 @@ MODELS="${MODELS:-infix prefix multiview}"
 SEEDS="${SEEDS:-1 2 3}"
 ARCH_SIZE="${ARCH_SIZE:-thesis}"       # thesis (6 layers, 64 wide, FFN 128, 4 heads) | small | base
 LAYERS="${LAYERS:-2}"                  # overrides the size's layers (0: keep the size's)
-MAX_UPDATE="${MAX_UPDATE:-2500}"
+MAX_UPDATE="${MAX_UPDATE:-30000}"     # the plateau lasts ~8,000 updates (see above)
 BATCH="${BATCH:-32}"
 LR="${LR:-1e-3}"
 DROPOUT="${DROPOUT:-0}"                # dropout and attention dropout (the data are noiseless)
-WARMUP="${WARMUP:-100}"
+WARMUP="${WARMUP:-500}"
+SCHEDULE="${SCHEDULE:-fixed}"          # fixed: constant LR after warm-up | polynomial_decay: linear decay to 0 at MAX_UPDATE
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
-VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-500}"
+VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-1000}"
 export DEVICE="${DEVICE:-cpu}"
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -59,6 +65,7 @@ check_number DATA_SEED
 check_number LAYERS
 check_choice ARCH_SIZE thesis small base
 check_choice SPLIT iid disjoint
+check_choice SCHEDULE fixed polynomial_decay
 [ "$N_VALID" -le "$N_TRAIN" ] || die "N_VALID=$N_VALID: at most N_TRAIN=$N_TRAIN (the monitor is a part of the training set)"
 [[ "$LR" =~ ^[0-9.]+(e-?[0-9]+)?$ ]] || die "LR=$LR: give a positive number (e.g. 1e-3)"
 [[ "$DROPOUT" =~ ^(0(\.[0-9]+)?|1(\.0*)?)$ ]] || die "DROPOUT=$DROPOUT: give a number from 0 to 1 (e.g. 0.1)"
@@ -114,6 +121,8 @@ fi
 
 # 3.-4. training and predictions, one run per model and seed
 SIZE_ARGS=()
+DECAY_ARGS=()
+[ "$SCHEDULE" = polynomial_decay ] && DECAY_ARGS=(--total-num-update "$MAX_UPDATE")
 [ "$LAYERS" != 0 ] && SIZE_ARGS=(--encoder-layers "$LAYERS")
 RUNS=()
 # Seed by seed (all models of a seed, then the next): an interrupted driver
@@ -135,13 +144,13 @@ for item in "${RUNS[@]}"; do
   arch="${arch%_base}"
   # A run resumed with other settings would mix two schedules: refuse it.
   mkdir -p "$RUN"
-  check_settings_file "$RUN" "ARCH=$arch LAYERS=$LAYERS MAX_UPDATE=$MAX_UPDATE BATCH=$BATCH LR=$LR WARMUP=$WARMUP DROPOUT=$DROPOUT"
+  check_settings_file "$RUN" "ARCH=$arch LAYERS=$LAYERS MAX_UPDATE=$MAX_UPDATE BATCH=$BATCH LR=$LR SCHEDULE=$SCHEDULE WARMUP=$WARMUP DROPOUT=$DROPOUT"
   say "3/5 run $n_run/${#RUNS[@]}: $model seed $seed ($arch, $MAX_UPDATE updates of $BATCH)"
   ARGS=("$BIN/$model" --user-dir "$USER_DIR" --arch "$arch" "${SIZE_ARGS[@]}"
     --task "$task" --criterion "$task" --num-classes 5 --init-token 0
     --dropout "$DROPOUT" --attention-dropout "$DROPOUT" --weight-decay 0.01
     --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-6
-    --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$WARMUP" --total-num-update "$MAX_UPDATE"
+    --lr "$LR" --lr-scheduler "$SCHEDULE" --warmup-updates "$WARMUP" "${DECAY_ARGS[@]}"
     --max-update "$MAX_UPDATE" --batch-size "$BATCH" --required-batch-size-multiple 1
     --num-workers 0 --seed "$seed" --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric
     --validate-interval-updates "$VALIDATE_INTERVAL" --validate-interval 1000000
