@@ -33,7 +33,9 @@
 # of docs/results/2026-11-27-cpu-table65-learnability.md: the loss sits on a
 # plateau at the majority answer for about 8,000 updates, then depth 1 is
 # learned (95% at depth 1 after 17,500 updates in the probe); the 2,500
-# updates used before 2026-11-27 ended inside the plateau. CPU: about 25
+# updates used before 2026-11-27 ended inside the plateau. PARAM_INIT=pytorch
+# (the models' --param-init): fairseq's N(0, 0.02) initialisation, made for
+# 768-wide models, lengthens that plateau at 64 wide. CPU: about 25
 # minutes per single-view run and twice that per multiview run on a quiet
 # core, about 5 hours for the 9 runs (several times that on a busy one).
 set -euo pipefail
@@ -51,6 +53,7 @@ LAYERS="${LAYERS:-2}"                  # overrides the size's layers (0: keep th
 MAX_UPDATE="${MAX_UPDATE:-30000}"     # the plateau lasts ~8,000 updates (see above)
 BATCH="${BATCH:-32}"
 LR="${LR:-1e-3}"
+PARAM_INIT="${PARAM_INIT:-pytorch}"    # pytorch: PyTorch's own init of Linear/Embedding | bert: fairseq's N(0, 0.02)
 DROPOUT="${DROPOUT:-0}"                # dropout and attention dropout (the data are noiseless)
 WARMUP="${WARMUP:-500}"
 SCHEDULE="${SCHEDULE:-fixed}"          # fixed: constant LR after warm-up | polynomial_decay: linear decay to 0 at MAX_UPDATE
@@ -66,6 +69,7 @@ check_number LAYERS
 check_choice ARCH_SIZE thesis small base
 check_choice SPLIT iid disjoint
 check_choice SCHEDULE fixed polynomial_decay
+check_choice PARAM_INIT pytorch bert
 [ "$N_VALID" -le "$N_TRAIN" ] || die "N_VALID=$N_VALID: at most N_TRAIN=$N_TRAIN (the monitor is a part of the training set)"
 [[ "$LR" =~ ^[0-9.]+(e-?[0-9]+)?$ ]] || die "LR=$LR: give a positive number (e.g. 1e-3)"
 [[ "$DROPOUT" =~ ^(0(\.[0-9]+)?|1(\.0*)?)$ ]] || die "DROPOUT=$DROPOUT: give a number from 0 to 1 (e.g. 0.1)"
@@ -144,10 +148,10 @@ for item in "${RUNS[@]}"; do
   arch="${arch%_base}"
   # A run resumed with other settings would mix two schedules: refuse it.
   mkdir -p "$RUN"
-  check_settings_file "$RUN" "ARCH=$arch LAYERS=$LAYERS MAX_UPDATE=$MAX_UPDATE BATCH=$BATCH LR=$LR SCHEDULE=$SCHEDULE WARMUP=$WARMUP DROPOUT=$DROPOUT"
+  check_settings_file "$RUN" "ARCH=$arch LAYERS=$LAYERS MAX_UPDATE=$MAX_UPDATE BATCH=$BATCH LR=$LR SCHEDULE=$SCHEDULE WARMUP=$WARMUP DROPOUT=$DROPOUT PARAM_INIT=$PARAM_INIT"
   say "3/5 run $n_run/${#RUNS[@]}: $model seed $seed ($arch, $MAX_UPDATE updates of $BATCH)"
   ARGS=("$BIN/$model" --user-dir "$USER_DIR" --arch "$arch" "${SIZE_ARGS[@]}"
-    --task "$task" --criterion "$task" --num-classes 5 --init-token 0
+    --task "$task" --criterion "$task" --num-classes 5 --init-token 0 --param-init "$PARAM_INIT"
     --dropout "$DROPOUT" --attention-dropout "$DROPOUT" --weight-decay 0.01
     --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-6
     --lr "$LR" --lr-scheduler "$SCHEDULE" --warmup-updates "$WARMUP" "${DECAY_ARGS[@]}"
