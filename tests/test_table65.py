@@ -82,6 +82,8 @@ def test_table_refuses_bad_input_in_one_line(tmp_path):
     ({"N_TRAIN": "ten"}, "N_TRAIN=ten: give a whole number >= 1"),
     ({"N_VALID": "50", "N_TRAIN": "20"}, "N_VALID=50: at most N_TRAIN=20"),
     ({"ARCH_SIZE": "huge"}, "ARCH_SIZE=huge: choose thesis, small or base"),
+    ({"SPLIT": "random"}, "SPLIT=random: choose iid or disjoint"),
+    ({"SCHEDULE": "cosine"}, "SCHEDULE=cosine: choose fixed or polynomial_decay"),
 ])
 def test_driver_refuses_bad_settings_in_one_line(tmp_path, setting, message):
     env = {**os.environ, "OUT": str(tmp_path / "out"), **setting}

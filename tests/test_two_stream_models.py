@@ -247,6 +247,30 @@ def test_multiview_loss_is_the_sum_of_the_two_views_cross_entropies(tmp_path):
     assert not torch.equal(sample["net_input"]["src_tokens"], sample["net_input1"]["src_tokens"])
 
 
+@pytest.mark.parametrize("init,lo,hi", [("bert", 0.015, 0.025), ("pytorch", 0.05, 0.1)])
+def test_param_init_sets_the_weights_scale(init, lo, hi, tmp_path):
+    """--param-init pytorch: every Linear and Embedding re-drawn by its own
+    reset_parameters (Linear std 1/sqrt(3 fan_in) = 0.072 at 64 inputs;
+    Embedding N(0, 1), padding row 0) instead of fairseq's N(0, 0.02); both
+    views' encoders still share one model stream."""
+    from fairseq import options, tasks
+
+    import fairseq_dnas.plugin  # noqa: F401
+
+    data = write_multiview(tmp_path / "data", sizes=(("train", 8), ("valid", 4)))
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--arch", "roberta_two_stream_multiview_thesis", *MULTIVIEW_TRAIN, "--param-init", init])
+    model = tasks.setup_task(args).build_model(args)
+    enc = model.encoder.sentence_encoder
+    for weight in (enc.layers[0].self_attn.q_proj.weight, enc.layers[0].fc1.weight):
+        assert lo < weight.std().item() < hi, (init, weight.shape, weight.std())
+    embed = enc.embed_tokens.weight
+    assert torch.equal(embed[enc.padding_idx], torch.zeros_like(embed[0]))
+    assert (0.5 < embed.std().item() < 1.5) == (init == "pytorch")
+    second = model.encoder.second_view_encoder
+    assert second.layers[0].model_fc1 is enc.layers[0].model_fc1
+
+
 # --- bad flags, through the plain fairseq-train command ---------------------------
 
 

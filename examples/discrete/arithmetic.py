@@ -6,7 +6,7 @@ problem), each written in two views, infix and prefix, e.g.
     infix:  ( ( 4 + 1 ) * 3 ) + ( 2 + 4 )
     prefix: ( + ( * ( + 4 1 ) 3 ) ( + 2 4 ) )         value (5 * 3 + 6) mod 5 = 1
 
-    python examples/discrete/arithmetic.py OUT_DIR [--train 30000] [--test 3000] [--seed 1]
+    python examples/discrete/arithmetic.py OUT_DIR [--train 30000] [--test 3000] [--seed 1] [--split iid|disjoint]
 
 writes OUT_DIR/{train,test}.{infix,prefix}.tsv (GLUE's layout: a header
 ``sentence<TAB>label``, then ``expression<TAB>value``; the two views of line k
@@ -25,12 +25,20 @@ What the thesis leaves open, decided here:
   probability 1/2) over two children, one of which (left or right with
   probability 1/2) has height exactly h - 1 and the other a height drawn
   uniformly from 0..h-1; height 0 is a digit drawn uniformly from 0-4.
-- **Duplicates and disjointness.** The test set holds distinct expressions,
-  none of which appears in the training set. Depth 1 has only 6,000 distinct
-  expressions (height 2 over 5 digits and 2 operators), fewer than the
-  10,000 training lines a depth gets at the thesis's size, so the training
-  set is drawn from the generator with repetition (its distribution); the
-  number of distinct training expressions is printed.
+- **Duplicates and disjointness** (``--split``). The thesis only says it
+  "generate[s] 30000 training samples and 3000 test samples", so the default,
+  ``iid``, draws both sets independently from the generator, repeats
+  allowed. Depth 1 has only 6,000 distinct expressions (height 2 over 5
+  digits and 2 operators) and the generator does not draw them uniformly:
+  the 10,000 depth-1 training lines hold about 4,200 of them, and about 81%
+  of the depth-1 test lines are training expressions (about 2% at depth 2,
+  none at depth 3), so depth 1 largely measures fitting the training set, as
+  the thesis's 97.6% suggests. ``disjoint`` (this recipe's choice until
+  2026-11-27) holds distinct test expressions, none of which appears in
+  training: depth 1 then measures generalization to unseen expressions,
+  which no model of ours learned at CPU scale (docs/results/
+  2026-11-27-cpu-table65-learnability.md). Both print the share of test
+  lines that are training expressions, per depth.
 - **Parentheses.** Infix puts parentheses around every operation but the
   outermost; prefix around every operation (the thesis's two examples).
 """
@@ -93,11 +101,29 @@ def prefix(tree):
     return f"( {tree[0]} {prefix(tree[1])} {prefix(tree[2])} )"
 
 
-def generate(train, test, seed):
+SPLITS = ("iid", "disjoint")
+
+
+def generate(train, test, seed, split="iid"):
     """(train rows, test rows), each row (infix, prefix, value, depth); ``train``
-    and ``test`` split evenly over DEPTHS (the remainder to the lowest depths)."""
+    and ``test`` split evenly over DEPTHS (the remainder to the lowest depths).
+    ``split``: "iid", both drawn independently from the generator (repeats
+    allowed, test lines may be training lines), or "disjoint", distinct test
+    expressions, none in training."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: choose from {', '.join(SPLITS)}")
     rng = random.Random(seed)
     per_depth = lambda n: [n // len(DEPTHS) + (i < n % len(DEPTHS)) for i in range(len(DEPTHS))]  # noqa: E731
+    if split == "iid":
+        rows = {}
+        for name, size in (("test", test), ("train", train)):
+            rows[name] = []
+            for depth, n in zip(DEPTHS, per_depth(size)):
+                for _ in range(n):
+                    tree = random_tree(depth + 1, rng)
+                    rows[name].append((infix(tree), prefix(tree), value(tree), depth))
+            rng.shuffle(rows[name])
+        return rows["train"], rows["test"]
     for depth, n in zip(DEPTHS, per_depth(test)):
         if n >= distinct_trees(depth + 1):
             raise ValueError(f"depth {depth} has {distinct_trees(depth + 1)} distinct expressions: cannot draw "
@@ -128,6 +154,13 @@ def generate(train, test, seed):
     return train_rows, test_rows
 
 
+def overlap_share(train, test, depth):
+    """The share of ``depth``'s test lines whose expression is a training expression."""
+    seen = {r[0] for r in train}
+    lines = [r[0] for r in test if r[3] == depth]
+    return sum(t in seen for t in lines) / max(len(lines), 1)
+
+
 def write(out_dir, split, rows):
     """{split}.infix.tsv, {split}.prefix.tsv, {split}.depth, each written to a
     temporary name and renamed, so a half-written set never passes for whole."""
@@ -150,19 +183,24 @@ def main(argv=None):
     p.add_argument("--train", type=int, default=30000, help="training expressions (thesis: 30,000)")
     p.add_argument("--test", type=int, default=3000, help="test expressions, distinct, none in training (thesis: 3,000)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--split", choices=SPLITS, default="iid",
+                   help="iid: train and test drawn independently (the thesis's plain reading; default); "
+                        "disjoint: distinct test expressions, none in training")
     args = p.parse_args(argv)
     if args.train < len(DEPTHS) or args.test < len(DEPTHS):
         p.error(f"--train and --test must be at least {len(DEPTHS)} (one expression per depth)")
     try:
-        train, test = generate(args.train, args.test, args.seed)
+        train, test = generate(args.train, args.test, args.seed, args.split)
     except ValueError as err:
         print(f"arithmetic.py: error: {err}", file=sys.stderr)
         return 1
     write(args.out_dir, "train", train)
     write(args.out_dir, "test", test)
-    distinct = len({r[0] for r in train})
-    print(f"[arithmetic] {args.out_dir}: train {len(train)} expressions ({distinct} distinct), "
-          f"test {len(test)} (distinct, none in train); depths {', '.join(map(str, DEPTHS))} evenly; seed {args.seed}")
+    seen = {r[0] for r in train}
+    overlap = ", ".join(f"depth {d} {overlap_share(train, test, d):.0%}" for d in DEPTHS)
+    print(f"[arithmetic] {args.out_dir}: train {len(train)} expressions ({len(seen)} distinct), "
+          f"test {len(test)} ({args.split}; test lines that are training expressions: {overlap}); "
+          f"depths {', '.join(map(str, DEPTHS))} evenly; seed {args.seed}")
     return 0
 
 

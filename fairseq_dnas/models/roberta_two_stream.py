@@ -29,6 +29,8 @@ from fairseq.models.roberta import RobertaEncoder, RobertaModel
 from fairseq.models.roberta.model import base_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from fairseq.utils import safe_getattr
+from torch import nn
 
 from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.models.discrete_args import apply_temperature
@@ -83,14 +85,32 @@ class MultiviewRobertaEncoder(TwoStreamRobertaEncoder):
         return x, extra
 
 
+PARAM_INITS = ("bert", "pytorch")
+
+
+def pytorch_init(model):
+    """PyTorch's own initialisation of every Linear and Embedding in place of
+    fairseq's ``init_bert_params`` (N(0, 0.02), tuned for 768-wide models):
+    Linear Kaiming-uniform (std about 0.07 at 64 inputs), Embedding N(0, 1)
+    with the padding row 0. At the thesis's 64 wide, N(0, 0.02) keeps the
+    attention logits near 0, and the arithmetic task stays at the majority
+    answer far longer. LayerNorms and other parameters are left as built."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.reset_parameters()
+
+
 def _build(cls, args, task, encoder_cls):
     """fairseq's RobertaModel.build_model with the two-stream encoder; tau set for update 0."""
 
     def defaults(args):
         two_stream_defaults(args, "gumbel")
+        args.param_init = safe_getattr(args, "param_init", "bert")
         base_architecture(args)
 
     model = build_roberta(cls, args, task, encoder_cls, defaults, validate_two_stream_args)
+    if args.param_init == "pytorch":
+        pytorch_init(model)
     apply_temperature(model, args, 0, log=False)
     return model
 
@@ -103,6 +123,11 @@ class RobertaTwoStreamModel(TwoStreamModelMixin, RobertaModel):
     def add_args(parser):
         RobertaModel.add_args(parser)
         add_two_stream_args(parser)
+        parser.add_argument("--param-init", choices=PARAM_INITS,
+                            help="bert (default): fairseq's init_bert_params, N(0, 0.02) weights; pytorch: "
+                                 "each Linear and Embedding's own reset_parameters (Kaiming-uniform, N(0, 1)), "
+                                 "which leaves the arithmetic plateau much sooner at 64 wide "
+                                 "(docs/results/2026-11-27-cpu-table65-learnability.md)")
 
     @classmethod
     def build_model(cls, args, task):
