@@ -33,7 +33,7 @@ def test_table_is_mean_and_standard_error_over_seeds(tmp_path):
     rows = out.read_text().splitlines()
     assert proc.stdout == out.read_text()
     # order: roberta before roberta_discrete; s.e. of (0.3, 0.5) = sqrt(0.02 / 2) = 0.1
-    assert rows[2] == "| sst | roberta | 1 | 90.0 +- nan | 0.050 +- nan | 0.100 | 0.010 +- nan | 0.100 |"
+    assert rows[2] == "| sst | roberta | 1 | 90.0 | 0.050 | 0.100 | 0.010 | 0.100 |"  # one seed: no standard error
     se_acc = 100 * math.sqrt(((0.8 - 0.75) ** 2 + (0.7 - 0.75) ** 2) / 1 / 2)
     assert rows[3] == f"| sst | roberta_discrete | 2 | 75.0 +- {se_acc:.1f} | 0.400 +- 0.100 | 0.300 | 0.150 +- 0.050 | 0.200 |"
 
@@ -87,9 +87,9 @@ def test_translation_table_is_mean_and_standard_error_over_seeds(tmp_path):
     assert proc.stdout == out.read_text()
     rows = out.read_text().splitlines()
     # transformer first; s.e. of (10, 12) = sqrt(2 / 2) = 1, of (0.3, 0.5) = 0.1
-    assert rows[2] == "| transformer | 1 | 20.00 +- nan | 50.0 +- nan | 0.050 +- nan | 0.100 | 0.010 +- nan | 0.100 |"
+    assert rows[2] == "| transformer | 1 | 20.00 | 50.0 | 0.050 | 0.100 | 0.010 | 0.100 |"
     assert rows[3] == "| transformer_discrete | 2 | 11.00 +- 1.00 | 32.0 +- 2.0 | 0.400 +- 0.100 | 0.300 | 0.150 +- 0.050 | 0.200 |"
-    assert rows[7] == "| baseline | - | 1 | 70.00 +- nan | 72.58 +- nan | 82.14 +- nan | 77.07 +- nan |"
+    assert rows[7] == "| baseline | - | 1 | 70.00 | 72.58 | 82.14 | 77.07 |"
     assert rows[8] == "| transformer_discrete | controller | 2 | 81.00 +- 1.00 | 71.00 +- 1.00 | 61.00 +- 1.00 | 65.00 +- 1.00 |"
 
 

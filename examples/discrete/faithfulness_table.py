@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-from fairseq_dnas.stats import mean_se
+from fairseq_dnas.stats import mean_se_cell
 
 FORMS = ("grad", "grad-x-input")
 ORDER = ("roberta", "roberta_dnas", "roberta_hnas", "roberta_discrete_single", "roberta_discrete", "roberta_two_stream")
@@ -43,13 +43,14 @@ def table(datasets):
         runs = collect(folder)
         for arch in sorted(runs, key=lambda a: (ORDER.index(a) if a in ORDER else len(ORDER), a)):
             seeds = runs[arch]
-            acc = mean_se([100 * s["grad"]["accuracy"] for s in seeds])
+            # one seed: the mean alone (a standard error needs two)
+            acc = mean_se_cell([100 * s["grad"]["accuracy"] for s in seeds], 1, "+-")
             cells = []
             for form in FORMS:
-                tau = mean_se([s[form]["tau_mean"] for s in seeds])
+                tau = mean_se_cell([s[form]["tau_mean"] for s in seeds], 3, "+-")
                 std = sum(s[form]["tau_std"] for s in seeds) / len(seeds)
-                cells += [f"{tau[0]:.3f} +- {tau[1]:.3f}", f"{std:.3f}"]
-            lines.append(f"| {name} | {arch} | {len(seeds)} | {acc[0]:.1f} +- {acc[1]:.1f} | " + " | ".join(cells) + " |")
+                cells += [tau, f"{std:.3f}"]
+            lines.append(f"| {name} | {arch} | {len(seeds)} | {acc} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

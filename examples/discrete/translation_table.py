@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-from fairseq_dnas.stats import mean_se
+from fairseq_dnas.stats import mean_se_cell
 
 ORDER = ("transformer", "transformer_dnas", "transformer_hnas", "transformer_discrete_single",
          "transformer_discrete", "transformer_two_stream")
@@ -30,8 +30,7 @@ def _rank(arch):
 
 
 def _cell(xs, digits):
-    m, se = mean_se(xs)
-    return f"{m:.{digits}f} +- {se:.{digits}f}"
+    return mean_se_cell(xs, digits, "+-")  # one seed: the mean alone (a standard error needs two)
 
 
 def runs(folder, subset):
