@@ -98,6 +98,27 @@ def test_embedding_tables_of_each_encoder():
     assert [s for s, _ in tables] == ["shared"] and torch.equal(tables[0][1], shared.encoder.embed_tokens.weight)
 
 
+def test_embedding_view_reads_each_table_and_refuses_a_foreign_vocabulary():
+    import argparse
+
+    from fairseq_dnas.commands.sentence_classify import BadInput
+
+    model, d = build_model("transformer_discrete"), tiny_dictionary()
+    s = [[(w, "NN" if i % 2 else "VB", "O") for i, w in enumerate(WORDS[:12])]] * 5  # each word 5 times
+    types = stream_analysis.word_types(s)
+    args = argparse.Namespace(tsne_words=8, embedding_word="mean", neighbours=["w3", "absent"])
+    view = stream_analysis.embedding_view("m", model, d, types, lambda w: [w], args)
+    assert [stream for stream, *_ in view] == ["model", "controller"]
+    for (stream, points, pos, found), table in zip(view, (model.encoder.embed_tokens.weight,
+                                                          model.encoder.controller_embed_tokens.weight)):
+        assert points.shape == (8, table.shape[1]) and pos == ["VB", "NN"] * 4
+        assert torch.allclose(torch.from_numpy(points[3]), table[d.index("w3")].double())
+        assert list(found) == ["w3"] and found["w3"] == stream_analysis.nearest(
+            table[[d.index(w) for w in WORDS[:12]]], WORDS[:12], ["w3"])["w3"]
+    with pytest.raises(BadInput, match="give --spm the SentencePiece model"):
+        stream_analysis.embedding_view("m", model, d, types, lambda w: ["x" + w], args)
+
+
 def test_table63_both_views_and_a_shared_table_said_once():
     emb = {("own", "model"): {"a": ["b", "c"]}, ("own", "controller"): {"a": ["c", "d"]},
            ("shared", "shared"): {"a": ["e"]}}

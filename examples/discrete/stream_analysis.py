@@ -274,6 +274,28 @@ def stream_label(name, stream):
     return {"encoder": name, "shared": f"{name} model = controller (one shared table)"}.get(stream, f"{name} {stream}")
 
 
+def embedding_view(name, model, dictionary, types, encode_word, args):
+    """[(stream, t-SNE points (N, D), their POS, {query: neighbours})] of
+    ``model``'s encoder token tables (one for a shared table) over the word
+    ``types`` (``word_types``) whose pieces ``dictionary`` knows."""
+    words = embedding_words(types, dictionary, encode_word)
+    shown = [(w, ids) for w, ids in words if types[w][1] in POS_TAGS][:args.tsne_words]
+    candidates = [(w, ids) for w, ids in words if types[w][0] >= EMBEDDING_MIN_COUNT]
+    if len(shown) < 5 or not candidates:
+        raise BadInput(f"{name}: only {len(words)} CoNLL-2000 word types have all their pieces in the model's "
+                       "dictionary; give --spm the SentencePiece model of the data the model was trained on")
+    print(f"[stream_analysis] {name}: embeddings of {len(words)} CoNLL-2000 word types with known pieces "
+          f"({sum(len(ids) == 1 for _, ids in words)} of one piece), {len(candidates)} seen "
+          f">= {EMBEDDING_MIN_COUNT} times", file=sys.stderr, flush=True)
+    out = []
+    for stream, table in embedding_tables(model):
+        out.append((stream, embedding_matrix(table, shown, args.embedding_word).numpy(),
+                    [types[w][1] for w, _ in shown],
+                    nearest(embedding_matrix(table, candidates, args.embedding_word), [w for w, _ in candidates],
+                            args.neighbours)))
+    return out
+
+
 def run(args):
     import sentencepiece as spm
     import torch
@@ -333,17 +355,9 @@ def run(args):
                 final_found[name, stream] = found
                 stream_rows.append((name, stream))
         if name in pictures:
-            words = embedding_words(types, d, encode_word)
-            shown = [(w, ids) for w, ids in words if types[w][1] in POS_TAGS][:args.tsne_words]
-            candidates = [(w, ids) for w, ids in words if types[w][0] >= EMBEDDING_MIN_COUNT]
-            print(f"[stream_analysis] {name}: embeddings of {len(words)} CoNLL-2000 word types with known pieces "
-                  f"({sum(len(ids) == 1 for _, ids in words)} of one piece), {len(candidates)} seen "
-                  f">= {EMBEDDING_MIN_COUNT} times", file=sys.stderr, flush=True)
-            for stream, table in embedding_tables(model):
-                embedding_panels.append((stream_label(name, stream), embedding_matrix(table, shown, args.embedding_word)
-                                         .numpy(), [types[w][1] for w, _ in shown]))
-                embedding_found[name, stream] = nearest(embedding_matrix(table, candidates, args.embedding_word),
-                                                        [w for w, _ in candidates], args.neighbours)
+            for stream, points, pos, found in embedding_view(name, model, d, types, encode_word, args):
+                embedding_panels.append((stream_label(name, stream), points, pos))
+                embedding_found[name, stream] = found
     os.makedirs(args.out, exist_ok=True)
     with atomic_path(os.path.join(args.out, "probe.jsonl")) as tmp:
         with open(tmp, "w") as f:
