@@ -58,6 +58,7 @@ import itertools
 import json
 import os
 import sys
+import textwrap
 
 from fairseq_dnas.commands.sentence_classify import BadInput, exit_status
 from fairseq_dnas.commands.translation_faithfulness import load as load_translation
@@ -150,7 +151,7 @@ def tsne_picture(panels, title, path, seed=1):
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0][-1].legend(markerscale=3, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.suptitle(title)
+    fig.suptitle(textwrap.fill(title, 60 * len(panels)), fontsize=9)  # fits the panels' width
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
