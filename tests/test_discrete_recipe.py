@@ -105,7 +105,8 @@ def test_table62_refuses_a_missing_data_folder_in_one_line(tmp_path):
 @pytest.mark.full
 def test_quickstart_on_the_real_data(sst_binary_dir, multi30k_dir, conll2000_dir, tmp_path):
     """examples/discrete/quickstart.sh chained on real data: the SST row, the
-    translation table with both streams of the two-stream model, the picture."""
+    translation table with both streams of the two-stream model, the pictures
+    and the side-by-side neighbours."""
     env = {**os.environ, "SST_BINARY_DIR": sst_binary_dir, "MULTI30K_DIR": multi30k_dir,
            "CONLL2000_DIR": conll2000_dir, "WORK_DIR": str(tmp_path / "qs")}
     proc = subprocess.run(["bash", QUICKSTART], env=env, capture_output=True, text=True)
@@ -116,7 +117,9 @@ def test_quickstart_on_the_real_data(sst_binary_dir, multi30k_dir, conll2000_dir
                 "| transformer | encoder | 1 |", "| transformer_discrete | model | 1 |",
                 "| transformer_discrete | controller | 1 |"):
         assert row in table and row in proc.stdout
-    assert (tmp_path / "qs" / "translation" / "streams" / "tsne.png").stat().st_size > 0
+    streams = tmp_path / "qs" / "translation" / "streams"
+    assert (streams / "tsne.png").stat().st_size > 0 and (streams / "tsne-embeddings.png").stat().st_size > 0
+    assert "| transformer_discrete-seed1 | controller |" in (streams / "table63.md").read_text()
     rows = [json.loads(line) for line in open(tmp_path / "qs" / "translation" / "runs" / "transformer_discrete-seed1"
                                               / "faithfulness.jsonl")]
     assert len(rows) == 100 and all(r["hypothesis"][-1] == 2 for r in rows)

@@ -8,8 +8,8 @@
 # 2. translation and streams (the Table 6.2 and 6.4 forms): the first
 #    TRAIN_PAIRS Multi30k pairs, English -> German -> a transformer and a
 #    transformer_discrete (SIZE=mini) -> BLEU, tau of the encoder and cross
-#    attention, the CoNLL-2000 probe per stream, the t-SNE picture
-#    (table62.sh).
+#    attention, the CoNLL-2000 probe per stream, the t-SNE pictures of the
+#    token embeddings and of the final states (table62.sh).
 #
 #   SST_BINARY_DIR=/path/to/sst-binary MULTI30K_DIR=/path/to/multi30k CONLL2000_DIR=/path/to/conll2000 \
 #     bash examples/discrete/quickstart.sh
@@ -51,4 +51,4 @@ echo
 echo "=== translation and streams (first $TEST_PAIRS test2016 pairs; a smoke run, not a result) ==="
 cat "$WORK_DIR/translation/table.md"
 echo
-say "t-SNE picture: $WORK_DIR/translation/streams/tsne.png; done in $((SECONDS - START)) s"
+say "t-SNE pictures: $WORK_DIR/translation/streams/tsne-embeddings.png (token embeddings), tsne.png (final states); neighbours: table63.md; done in $((SECONDS - START)) s"

@@ -13,8 +13,11 @@
 #    embedding);
 # 2. what each stream learns (examples/discrete/stream_analysis.py): the
 #    CoNLL-2000 chunking probe on every model's frozen final encoder states
-#    (two streams for transformer_discrete), the t-SNE picture and nearest
-#    neighbours of the PICTURE_SEED models;
+#    (two streams for transformer_discrete); Figure 6.2 and Table 6.3 of the
+#    PICTURE_SEED models from each stream's token embeddings (as the thesis
+#    draws them: OUT/streams/tsne-embeddings.png, neighbours-embeddings.md)
+#    and from the final states (tsne.png, neighbours.md), the two side by
+#    side in OUT/streams/table63.md;
 # 3. the tables, mean +- standard error over seeds
 #    (examples/discrete/translation_table.py) -> OUT/table.md.
 #
@@ -99,7 +102,7 @@ if [ -s "$OUT/streams/probe.jsonl" ] && [ "$(wc -l < "$OUT/streams/probe.jsonl")
     && [ -z "$(find "$OUT/runs" -name checkpoint_best.pt -newer "$OUT/streams/probe.jsonl")" ]; then
   say "3/4 stream analysis: done already ($OUT/streams)"
 else
-  say "3/4 stream analysis of ${#MODELS[@]} encoders on CoNLL-2000 (probe, t-SNE, neighbours) -> $OUT/streams"
+  say "3/4 stream analysis of ${#MODELS[@]} encoders on CoNLL-2000 (probe; t-SNE and neighbours of embeddings and final states) -> $OUT/streams"
   "$PYTHON" "$HERE/stream_analysis.py" --conll "$CONLL2000_DIR" --data "$DATA/bin" \
     --spm "$DATA/spm/sentencepiece.model" --out "$OUT/streams" --max-train-words "$PROBE_WORDS" \
     --pictures-of "$(IFS=,; echo "${PICTURES[*]}")" "${MODELS[@]}"
