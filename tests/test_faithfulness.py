@@ -574,21 +574,61 @@ def test_bad_input_gives_one_line_and_exit_1(tiny, tmp_path):
 # --- the recipe -----------------------------------------------------------------
 
 
+def _validations(log):
+    """(update, dev accuracy) of every validation in a fairseq-train log."""
+    import re
+
+    out = []
+    for line in log.splitlines():
+        if "valid on 'valid' subset" in line:
+            acc = float(re.search(r"\| accuracy ([0-9.]+)", line).group(1))
+            out.append((int(re.search(r"\| num_updates (\d+)", line).group(1)), acc))
+    return out
+
+
 @pytest.mark.full
-def test_classify_recipe_from_text_files_to_the_table_row(tiny, tmp_path):
+def test_classify_recipe_trains_to_patience_and_scores_the_best_dev_checkpoint(tiny, tmp_path):
+    """classify.sh end to end: dev accuracy every 4 updates, patience 2, a
+    cap of 60; the row's updates (run, best dev) against fairseq's own log
+    of the validations and fairseq's rules (the best checkpoint: the last
+    of the best scores; stop after 2 validations not strictly better); the
+    test set scored at checkpoint_best.pt; interval checkpoints deleted."""
     files = tiny["files"]
     env = {"TRAIN": str(files["train"]), "DEV": str(files["dev"]), "TEST": str(files["test"]),
-           "OUT": str(tmp_path / "out"), "ARCH": "roberta_hnas", "MAX_UPDATE": "8", "VOCAB": "50",
+           "OUT": str(tmp_path / "out"), "ARCH": "roberta_hnas", "MAX_UPDATE": "60", "VALIDATE_INTERVAL": "4",
+           "PATIENCE": "2", "WARMUP_UPDATES": "2", "LR": "3e-3", "VOCAB": "50",
            "LAYERS": "2", "DIM": "16", "FFN": "32", "HEADS": "2", "PYTHON": sys.executable}
     proc = run(["bash", RECIPE], env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "out" / "roberta_hnas-seed1"
-    row = (folder / "row.md").read_text().splitlines()[-1]
     s = {f: json.loads((folder / f"summary-{f}.json").read_text()) for f in ("grad", "grad-x-input")}
-    assert row == (f"| roberta_hnas | {100 * s['grad']['accuracy']:.1f} | {s['grad']['tau_mean']:.3f} +- "
-                   f"{s['grad']['tau_std']:.3f} | {s['grad-x-input']['tau_mean']:.3f} +- "
-                   f"{s['grad-x-input']['tau_std']:.3f} | {s['grad']['left_out']} of 30 |")
-    assert row in proc.stderr + proc.stdout
+    assert s["grad"]["checkpoint"].endswith("checkpoint_best.pt")
+    row = json.loads((folder / "row.json").read_text())
+    checks = _validations((folder / "train.log").read_text())
+    updates = [u for u, _ in checks]
+    assert updates == sorted(set(updates)) and all(u % 4 == 0 or u == 60 for u in updates)
+    best = max(a for _, a in checks)
+    assert row["best_update"] == max(u for u, a in checks if a == best)
+    assert row["best_dev_accuracy"] == pytest.approx(best, abs=0.01)
+    assert row["updates_run"] == updates[-1]
+    run_best, stale = -1.0, 0
+    for u, a in checks:  # fairseq's --patience: stop once 2 in a row are not strictly better
+        stale = 0 if a > run_best else stale + 1
+        run_best = max(run_best, a)
+        if stale == 2:
+            assert (u, row["stopped"]) == (row["updates_run"], "patience")
+            break
+    else:
+        assert (row["updates_run"], row["stopped"]) == (60, "max_update")
+    assert (row["validate_interval"], row["patience"], row["max_update"], row["lr_scheduler"]) == (4, 2, 60, "fixed")
+    assert sorted(p.name for p in folder.glob("checkpoint*.pt")) == ["checkpoint_best.pt", "checkpoint_last.pt"]
+    lines = (folder / "row.md").read_text().splitlines()
+    assert lines[-1] == (f"| roberta_hnas | {100 * s['grad']['accuracy']:.1f} | {s['grad']['tau_mean']:.3f} +- "
+                         f"{s['grad']['tau_std']:.3f} | {s['grad-x-input']['tau_mean']:.3f} +- "
+                         f"{s['grad-x-input']['tau_std']:.3f} | {s['grad']['left_out']} of 30 | {best:.1f} | "
+                         f"{row['best_update']} / {row['updates_run']} ({row['stopped']}) | "
+                         f"{s['grad']['attention_share'][0]:.3f} / {s['grad']['attention_share'][-1]:.3f} |")
+    assert lines[-1] in proc.stderr + proc.stdout
     assert len(_read_jsonl(folder / "faithfulness-grad.jsonl")) == 30
 
 
