@@ -38,9 +38,11 @@
 # updates) means the same budget for every encoder whatever the cap.
 # LR_SCHEDULE=polynomial_decay PATIENCE=0 VALIDATE_INTERVAL=MAX_UPDATE gives
 # the fixed-length GLUE schedule instead.
-# CPU: on sst-binary (6,920 training sentences) with MAX_UPDATE=400, about
-# 20 minutes on 2 busy cores, nearly all of it training; the metric itself
-# takes seconds per 1,000 sentences (docs/analysis.md, section 4).
+# CPU, one thread on a busy 2-core machine: on sst-binary (6,920 training
+# sentences) a thesis-size roberta ran 200 updates in about 75 s and the
+# metric took 8-10 s per importance form on the 1,821 test sentences
+# (docs/results/2026-11-27-table61-attention-share.md); a run to patience
+# takes as many updates as it needs (row.json says how many).
 set -euo pipefail
 
 TRAIN="${TRAIN:-}"; DEV="${DEV:-}"; TEST="${TEST:-}"
