@@ -14,28 +14,85 @@ TABLE = os.path.join(ROOT, "examples", "discrete", "faithfulness_table.py")
 DRIVER = os.path.join(ROOT, "examples", "discrete", "table61.sh")
 
 
-def _summary(folder, arch, seed, acc, taus, stds):
+def _summary(folder, arch, seed, acc, taus, stds, shares=None, controller=None):
     run_dir = folder / f"{arch}-seed{seed}"
     run_dir.mkdir(parents=True)
     for form, tau, std in zip(("grad", "grad-x-input"), taus, stds):
-        (run_dir / f"summary-{form}.json").write_text(json.dumps(
-            {"n": 10, "accuracy": acc, "tau_mean": tau, "tau_std": std, "left_out": 0}))
+        summary = {"n": 10, "accuracy": acc, "tau_mean": tau, "tau_std": std, "left_out": 0}
+        for prefix, share in (("", shares), ("controller_", controller)):
+            if share is not None:
+                summary[f"{prefix}attention_share"] = share
+                summary[f"{prefix}attention_share_median"] = [r / 2 for r in share]
+        (run_dir / f"summary-{form}.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def _checkpoints(run_dir, updates_run, best_update, best_dev, cap=1000):
+    """checkpoint_last.pt / checkpoint_best.pt with what fairseq writes that the row reads."""
+    import torch
+
+    cfg = {"optimization": {"max_update": cap}, "dataset": {"validate_interval_updates": 100},
+           "checkpoint": {"patience": 3}, "lr_scheduler": {"_name": "fixed"}}
+    torch.save({"cfg": cfg, "optimizer_history": [{"num_updates": updates_run}],
+                "extra_state": {"val_loss": best_dev - 1.0, "best": best_dev}}, run_dir / "checkpoint_last.pt")
+    torch.save({"cfg": cfg, "optimizer_history": [{"num_updates": best_update}],
+                "extra_state": {"val_loss": best_dev, "best": best_dev}}, run_dir / "checkpoint_best.pt")
+
+
+def test_row_of_a_run_reads_the_updates_from_its_checkpoints(tmp_path):
+    run_dir = _summary(tmp_path, "roberta_discrete", 3, 0.75, (0.30, 0.10), (0.2, 0.1),
+                       shares=[0.04, 0.1, 0.25], controller=[0.5, 0.6, 0.7])
+    _checkpoints(run_dir, 700, 400, 81.25)
+    proc = run([sys.executable, TABLE, "--row", run_dir])
+    row = json.loads((run_dir / "row.json").read_text())
+    assert row == {"encoder": "roberta_discrete", "seed": 3, "n": 10, "accuracy": 0.75, "left_out": 0,
+                   "tau_grad": 0.30, "tau_std_grad": 0.2, "tau_grad-x-input": 0.10, "tau_std_grad-x-input": 0.1,
+                   "attention_share": [0.04, 0.1, 0.25], "attention_share_median": [0.02, 0.05, 0.125],
+                   "controller_attention_share": [0.5, 0.6, 0.7],
+                   "controller_attention_share_median": [0.25, 0.3, 0.35],
+                   "updates_run": 700, "best_update": 400, "best_dev_accuracy": 81.25, "stopped": "patience",
+                   "max_update": 1000, "validate_interval": 100, "patience": 3, "lr_scheduler": "fixed"}
+    lines = (run_dir / "row.md").read_text().splitlines()
+    assert proc.stdout == (run_dir / "row.md").read_text() and len(lines) == 3
+    assert lines[2] == ("| roberta_discrete | 75.0 | 0.300 +- 0.200 | 0.100 +- 0.100 | 0 of 10 | 81.2 | 400 / 700 "
+                        "(patience) | 0.040 / 0.250 (controller 0.500 / 0.700) |")
+    _checkpoints(run_dir, 1000, 1000, 81.25)  # ran to the cap
+    run([sys.executable, TABLE, "--row", run_dir])
+    assert json.loads((run_dir / "row.json").read_text())["stopped"] == "max_update"
+    # A run that has not finished training: one line, no row.
+    bare = _summary(tmp_path, "roberta", 1, 0.5, (0.1, 0.1), (0.1, 0.1))
+    proc = run([sys.executable, TABLE, "--row", bare], check=False)
+    assert proc.returncode == 1 and not (bare / "row.md").exists()
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("faithfulness_table.py: error: --row") and "checkpoint_last.pt: no such checkpoint" in line
 
 
 def test_table_is_mean_and_standard_error_over_seeds(tmp_path):
     sst = tmp_path / "sst"
-    _summary(sst, "roberta_discrete", 1, 0.80, (0.30, 0.10), (0.2, 0.1))
-    _summary(sst, "roberta_discrete", 2, 0.70, (0.50, 0.20), (0.4, 0.3))
-    _summary(sst, "roberta", 1, 0.90, (0.05, 0.01), (0.1, 0.1))
+    for seed, acc, taus, stds, shares, updates in ((1, 0.80, (0.30, 0.10), (0.2, 0.1), [0.1, 0.3], (700, 400)),
+                                                    (2, 0.70, (0.50, 0.20), (0.4, 0.3), [0.3, 0.5], (900, 600))):
+        run_dir = _summary(sst, "roberta_discrete", seed, acc, taus, stds, shares=shares, controller=[0.6, 0.8])
+        if seed == 1:
+            _checkpoints(run_dir, *updates, 80.0)
+            run([sys.executable, TABLE, "--row", run_dir])
+    _summary(sst, "roberta", 1, 0.90, (0.05, 0.01), (0.1, 0.1), shares=[0.04, 0.2])
+    _summary(sst, "roberta_hnas", 1, 0.85, (0.05, 0.01), (0.1, 0.1))  # before attention_share: '-'
     (sst / "roberta-seed2").mkdir()  # unfinished: not counted
     out = tmp_path / "table.md"
     proc = run([sys.executable, TABLE, "--out", out, f"sst={sst}"])
     rows = out.read_text().splitlines()
     assert proc.stdout == out.read_text()
-    # order: roberta before roberta_discrete; s.e. of (0.3, 0.5) = sqrt(0.02 / 2) = 0.1
-    assert rows[2] == "| sst | roberta | 1 | 90.0 | 0.050 | 0.100 | 0.010 | 0.100 |"  # one seed: no standard error
+    # order: roberta, roberta_hnas, roberta_discrete; s.e. of (0.3, 0.5) = sqrt(0.02 / 2) = 0.1
+    assert rows[2] == "| sst | roberta | 1 | 90.0 | 79.6 | +10.4 | 0.050 | 0.100 | 0.010 | 0.100 | - | 0.040 / 0.200 |"
+    assert rows[3] == "| sst | roberta_hnas | 1 | 85.0 | - | - | 0.050 | 0.100 | 0.010 | 0.100 | - | - |"
     se_acc = 100 * math.sqrt(((0.8 - 0.75) ** 2 + (0.7 - 0.75) ** 2) / 1 / 2)
-    assert rows[3] == f"| sst | roberta_discrete | 2 | 75.0 +- {se_acc:.1f} | 0.400 +- 0.100 | 0.300 | 0.150 +- 0.050 | 0.200 |"
+    assert rows[4] == (f"| sst | roberta_discrete | 2 | 75.0 +- {se_acc:.1f} | 76.1 | -1.1 | 0.400 +- 0.100 | 0.300 "
+                       "| 0.150 +- 0.050 | 0.200 | 400 / 700, - | 0.200 / 0.400 (controller 0.600 / 0.800) |")
+    # per layer: the mean over seeds, one row per stream
+    assert rows[-3:] == ["| sst | roberta | model | 0.040 | 0.200 |",
+                         "| sst | roberta_discrete | model | 0.200 | 0.400 |",
+                         "| sst | roberta_discrete | controller | 0.600 | 0.800 |"]
+    assert rows[-5] == "| dataset | encoder | stream | layer 1 | layer 2 |"
 
 
 def test_table_refuses_a_missing_folder(tmp_path):

@@ -153,6 +153,91 @@ def test_two_stream_layers_are_read_by_name():
         FA.pick_stream({"model": s, "controller": a}, "other")
 
 
+def test_attention_share_by_hand():
+    # (T, B, C) = (3, 2, 2); example 1's last position is padding.
+    o = torch.tensor([[[3.0, 4.0], [0.0, 1.0]], [[1.0, 0.0], [6.0, 8.0]], [[0.0, 2.0], [9.0, 9.0]]],
+                     dtype=torch.float64)
+    x = torch.tensor([[[0.0, 10.0], [2.0, 0.0]], [[0.0, 4.0], [0.0, 5.0]], [[1.0, 0.0], [0.0, 0.0]]],
+                     dtype=torch.float64)
+    padding = torch.tensor([[False, False, False], [False, False, True]])
+    r = FA.attention_share(o, x, padding)
+    # example 0: 5/10, 1/4, 2/1; example 1: 1/2, 10/5 (its padded token, with x = 0, left out)
+    assert r.dtype == torch.float64 and r.tolist() == [0.5, 0.25, 2.0, 0.5, 2.0]
+    s = FA.share_summary([[r[:3], r[3:]], [torch.tensor([1.0, 3.0], dtype=torch.float64)]])
+    assert s["mean"] == [pytest.approx(5.25 / 5, abs=1e-15), 2.0]
+    assert s["median"] == [0.5, 2.0]  # 0.25 0.5 0.5 2 2; (1 + 3) / 2
+
+
+ENCODERS = ("roberta", "roberta_dnas", "roberta_hnas", "roberta_discrete_single", "roberta_discrete",
+            "roberta_two_stream")
+
+
+def _ratios(o, x, padding):
+    """||o_tb|| / ||x_tb|| token by token, batch-major, non-padding only."""
+    return torch.tensor([float(o[t, b].norm() / x[t, b].norm()) for b in range(padding.shape[0])
+                         for t in range(padding.shape[1]) if not padding[b, t]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_attention_share_of_every_encoder_equals_a_recomputation(arch):
+    """The hooks' r_l against each layer's attention called directly on the
+    layer's input (single stream: the encoder's inner states; two streams:
+    ``two_stream_forward`` on g and h, layer by layer), in float64, for a
+    tiny model of every encoder the plugin trains; a two-stream encoder
+    reports both streams, by name."""
+    import fairseq_dnas.plugin  # noqa: F401  (the discrete and two-stream architectures)
+    from test_roberta_dnas import build, tokens
+
+    from fairseq_dnas.modules.two_stream import zero_pads
+
+    model = build(f"{arch}_small", seed=1)
+    model.register_classification_head(HEAD, num_classes=2)
+    model = model.double().eval()
+    enc = model.encoder.sentence_encoder
+    for layer in enc.layers:
+        assert not layer.normalize_before  # post-norm: the attention reads the layer input itself
+        layer.self_attn.q_proj.weight.data *= 30.0  # peaked attention: the schemes differ
+    x = tokens(model)
+    padding = x.eq(enc.padding_idx)
+    assert padding.any()
+    with FA.ResidualAttention(model) as residual:
+        FA.explain_batch(model, x, HEAD, 0)
+    got = residual.shares(padding)
+    expected = {}
+    with torch.no_grad():
+        if arch in ("roberta_discrete", "roberta_two_stream"):
+            h, _ = enc.forward_embedding(x)
+            g = enc.controller_embedding(x)
+            g, h = zero_pads(g, padding).transpose(0, 1), zero_pads(h, padding).transpose(0, 1)
+            for layer in enc.layers:
+                g_att, h_att, _, _ = layer.self_attn.two_stream_forward(
+                    g, g, h, key_padding_mask=padding, query_padding_mask=padding)
+                expected.setdefault("controller", []).append(_ratios(g_att, g, padding))
+                expected.setdefault("model", []).append(_ratios(h_att, h, padding))
+                g, h, _, _ = layer(g, h, padding)
+        else:
+            _, extra = model(x, features_only=True, return_all_hiddens=True)
+            for layer, h in zip(enc.layers, extra["inner_states"]):  # inner_states[l]: layer l's input
+                o, _ = layer.self_attn(query=h, key=h, value=h, key_padding_mask=padding)
+                expected.setdefault("self", []).append(_ratios(o, h, padding))
+    assert set(got) == set(expected) and all(len(got[k]) == len(enc.layers) for k in got)
+    for name in expected:
+        for a, b in zip(got[name], expected[name]):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+            assert float(a.min()) > 0 and float(a.std()) > 0
+
+
+def test_attention_share_needs_a_forward():
+    import fairseq_dnas.plugin  # noqa: F401
+    from test_roberta_dnas import build
+
+    model = build("roberta_small")
+    with FA.ResidualAttention(model) as residual:
+        pass
+    with pytest.raises(RuntimeError, match="run one forward"):
+        residual.shares(torch.zeros(1, 3, dtype=torch.bool))
+
+
 # --- against a float64 recomputation -------------------------------------------
 
 
@@ -184,13 +269,14 @@ def _probs(scores, scheme, u):
     return u * dnas + (1 - u) * unas
 
 
-def _reference(model, ids):
+def _reference(model, ids, residual=None):
     """(class probabilities, per-layer attention (H, T, T), {point: (grad,
     input)}) of one example, the encoder written out in float64 (post-norm
     RoBERTa: learned positions, embedding layer norm, attention, FFN,
     classification head on <s>); the points: 'h0' (the embedding layer
     norm's output, the thesis's h0) and 'embed_tokens' (the embedding rows
-    themselves), the gradient of y_hat at each by autograd."""
+    themselves), the gradient of y_hat at each by autograd. ``residual``: a
+    list that gets, per layer, (attention output o, layer input x), (T, C)."""
     enc = model.encoder.sentence_encoder
     P = lambda t: t.detach().double()  # noqa: E731
     t = len(ids)
@@ -217,6 +303,8 @@ def _reference(model, ids):
         torch.testing.assert_close(p.detach(), ref, atol=1e-12, rtol=0)
         attention.append(p.detach())
         o = F.linear((p @ v).transpose(0, 1).reshape(t, h * d), P(m.out_proj.weight), P(m.out_proj.bias))
+        if residual is not None:
+            residual.append((o.detach(), x.detach()))
         n1, n2 = layer.self_attn_layer_norm, layer.final_layer_norm
         x = F.layer_norm(x + o, x.shape[-1:], P(n1.weight), P(n1.bias), n1.eps)
         f = F.gelu(F.linear(x, P(layer.fc1.weight), P(layer.fc1.bias)))
@@ -241,13 +329,19 @@ def test_attention_and_importance_match_a_float64_recomputation(tiny, arch):
     rows = _examples(tiny, model, task, data, 8)
     assert len({len(r) for r in rows}) > 2  # padding in the batch
     x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
-    r = FA.explain_batch(model, x, HEAD, task.cfg.init_token)  # importance at h0 (the default)
+    with FA.ResidualAttention(model) as residual:
+        r = FA.explain_batch(model, x, HEAD, task.cfg.init_token)  # importance at h0 (the default)
+    (shares,) = residual.shares(x.eq(task.source_dictionary.pad())).values()  # one stream: 'self'
+    expected_shares = [[] for _ in shares]
     # fairseq's MultiheadAttention (UNAS) returns its weights from a float32
     # softmax (fairseq.utils.softmax) whatever the model's dtype; the
     # plugin's attention (HNAS) computes them in the model's dtype.
     atol = 1e-5 if arch == "roberta" else 1e-10
     for b, ids in enumerate(rows):
-        probs, attention, points = _reference(model, ids)
+        pairs = []
+        probs, attention, points = _reference(model, ids, pairs)
+        for n, (o, h) in enumerate(pairs):  # r_lt = ||o_t|| / ||x_t||, every token of the example
+            expected_shares[n].append(o.norm(dim=-1) / h.norm(dim=-1))
         grad, e = points["h0"]
         t = len(ids)
         torch.testing.assert_close(r["probs"][b], probs, atol=1e-12, rtol=0)
@@ -263,6 +357,10 @@ def test_attention_and_importance_match_a_float64_recomputation(tiny, arch):
         assert not r["attention"][b][~real].any() and not r["importance"]["grad"][b][~real].any()
     # Not a trivial case: attention is far from uniform and u differs per head.
     assert float(r["attention"][r["real"]].std()) > 0.1
+    # Attention's share of the residual stream, batch-major over the non-padding tokens.
+    for got, want in zip(shares, expected_shares):
+        torch.testing.assert_close(got, torch.cat(want), atol=1e-12, rtol=1e-10)
+        assert float(got.std()) > 0
 
 
 def test_h0_and_the_token_embedding_are_different_points(tiny):
@@ -385,6 +483,20 @@ def test_json_lines_and_summary(tiny, tmp_path):
     assert summary["tau_mean"] == pytest.approx(np.mean(taus)) and summary["tau_std"] == pytest.approx(np.std(taus))
     assert summary["accuracy"] == pytest.approx(np.mean([r["label"] == r["prediction"] for r in rows]))
     assert summary["importance"] == "grad-x-input" and summary["attention"] == "model"
+    # Attention's share of the residual stream per layer: mean and median over
+    # every token fed (<s> and </s> included), against the float64 reference.
+    ratios = [[] for _ in model.encoder.sentence_encoder.layers]
+    for ids in fed:
+        pairs = []
+        _reference(model, ids, pairs)
+        for n, (o, h) in enumerate(pairs):
+            ratios[n].append(o.norm(dim=-1) / h.norm(dim=-1))
+    ratios = [torch.cat(r).numpy() for r in ratios]
+    assert sum(map(len, ratios)) == len(ratios) * sum(len(ids) for ids in fed)
+    assert summary["attention_share"] == pytest.approx([r.mean() for r in ratios], rel=1e-4)
+    assert summary["attention_share_median"] == pytest.approx([np.median(r) for r in ratios], rel=1e-4)
+    assert "controller_attention_share" not in summary
+    assert "attention's share of the residual stream per layer" in proc.stderr
     # The batch size changes nothing but rounding (float32 here).
     out1 = tmp_path / "one.jsonl"
     _script(tiny["ckpt"]["roberta_hnas"], "--test", tiny["files"]["test"], "--importance", "grad-x-input",
@@ -393,6 +505,16 @@ def test_json_lines_and_summary(tiny, tmp_path):
         np.testing.assert_allclose(r["attention"], s["attention"], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(r["importance"], s["importance"], rtol=1e-4, atol=1e-7)
         assert r["prediction"] == s["prediction"]
+
+
+def test_a_two_stream_encoder_reports_the_share_of_both_streams(tiny):
+    proc = _script(tiny["ckpt"]["roberta_discrete"], "--test", tiny["files"]["test"], "--max-examples", "6")
+    (summary,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    for key in ("attention_share", "attention_share_median", "controller_attention_share",
+                "controller_attention_share_median"):
+        assert len(summary[key]) == 2 and all(r > 0 for r in summary[key]), key  # TINY: 2 layers
+    assert summary["attention_share"] != summary["controller_attention_share"]
+    assert "controller attention's share of the residual stream" in proc.stderr
 
 
 def test_two_models_overlaid_and_from_json(tiny, tmp_path):
@@ -452,21 +574,61 @@ def test_bad_input_gives_one_line_and_exit_1(tiny, tmp_path):
 # --- the recipe -----------------------------------------------------------------
 
 
+def _validations(log):
+    """(update, dev accuracy) of every validation in a fairseq-train log."""
+    import re
+
+    out = []
+    for line in log.splitlines():
+        if "valid on 'valid' subset" in line:
+            acc = float(re.search(r"\| accuracy ([0-9.]+)", line).group(1))
+            out.append((int(re.search(r"\| num_updates (\d+)", line).group(1)), acc))
+    return out
+
+
 @pytest.mark.full
-def test_classify_recipe_from_text_files_to_the_table_row(tiny, tmp_path):
+def test_classify_recipe_trains_to_patience_and_scores_the_best_dev_checkpoint(tiny, tmp_path):
+    """classify.sh end to end: dev accuracy every 4 updates, patience 2, a
+    cap of 60; the row's updates (run, best dev) against fairseq's own log
+    of the validations and fairseq's rules (the best checkpoint: the last
+    of the best scores; stop after 2 validations not strictly better); the
+    test set scored at checkpoint_best.pt; interval checkpoints deleted."""
     files = tiny["files"]
     env = {"TRAIN": str(files["train"]), "DEV": str(files["dev"]), "TEST": str(files["test"]),
-           "OUT": str(tmp_path / "out"), "ARCH": "roberta_hnas", "MAX_UPDATE": "8", "VOCAB": "50",
+           "OUT": str(tmp_path / "out"), "ARCH": "roberta_hnas", "MAX_UPDATE": "60", "VALIDATE_INTERVAL": "4",
+           "PATIENCE": "2", "WARMUP_UPDATES": "2", "LR": "3e-3", "VOCAB": "50",
            "LAYERS": "2", "DIM": "16", "FFN": "32", "HEADS": "2", "PYTHON": sys.executable}
     proc = run(["bash", RECIPE], env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "out" / "roberta_hnas-seed1"
-    row = (folder / "row.md").read_text().splitlines()[-1]
     s = {f: json.loads((folder / f"summary-{f}.json").read_text()) for f in ("grad", "grad-x-input")}
-    assert row == (f"| roberta_hnas | {100 * s['grad']['accuracy']:.1f} | {s['grad']['tau_mean']:.3f} +- "
-                   f"{s['grad']['tau_std']:.3f} | {s['grad-x-input']['tau_mean']:.3f} +- "
-                   f"{s['grad-x-input']['tau_std']:.3f} | {s['grad']['left_out']} of 30 |")
-    assert row in proc.stderr + proc.stdout
+    assert s["grad"]["checkpoint"].endswith("checkpoint_best.pt")
+    row = json.loads((folder / "row.json").read_text())
+    checks = _validations((folder / "train.log").read_text())
+    updates = [u for u, _ in checks]
+    assert updates == sorted(set(updates)) and all(u % 4 == 0 or u == 60 for u in updates)
+    best = max(a for _, a in checks)
+    assert row["best_update"] == max(u for u, a in checks if a == best)
+    assert row["best_dev_accuracy"] == pytest.approx(best, abs=0.01)
+    assert row["updates_run"] == updates[-1]
+    run_best, stale = -1.0, 0
+    for u, a in checks:  # fairseq's --patience: stop once 2 in a row are not strictly better
+        stale = 0 if a > run_best else stale + 1
+        run_best = max(run_best, a)
+        if stale == 2:
+            assert (u, row["stopped"]) == (row["updates_run"], "patience")
+            break
+    else:
+        assert (row["updates_run"], row["stopped"]) == (60, "max_update")
+    assert (row["validate_interval"], row["patience"], row["max_update"], row["lr_scheduler"]) == (4, 2, 60, "fixed")
+    assert sorted(p.name for p in folder.glob("checkpoint*.pt")) == ["checkpoint_best.pt", "checkpoint_last.pt"]
+    lines = (folder / "row.md").read_text().splitlines()
+    assert lines[-1] == (f"| roberta_hnas | {100 * s['grad']['accuracy']:.1f} | {s['grad']['tau_mean']:.3f} +- "
+                         f"{s['grad']['tau_std']:.3f} | {s['grad-x-input']['tau_mean']:.3f} +- "
+                         f"{s['grad-x-input']['tau_std']:.3f} | {s['grad']['left_out']} of 30 | {best:.1f} | "
+                         f"{row['best_update']} / {row['updates_run']} ({row['stopped']}) | "
+                         f"{s['grad']['attention_share'][0]:.3f} / {s['grad']['attention_share'][-1]:.3f} |")
+    assert lines[-1] in proc.stderr + proc.stdout
     assert len(_read_jsonl(folder / "faithfulness-grad.jsonl")) == 30
 
 

@@ -170,6 +170,10 @@ def _recipe(script, tmp_path, **settings):
     ("finetune.sh", {"TASK": "mnli"}, "TASK=mnli: choose sst2 (accuracy), cola (Matthews correlation) or tsv (any sentence<TAB>label set: accuracy)"),
     ("finetune.sh", {"PRETRAINED": ""}, "PRETRAINED is not set"),
     ("finetune.sh", {"PRETRAINED": "missing.pt"}, "PRETRAINED=missing.pt: no such checkpoint"),
+    ("finetune.sh", {"LR_SCHEDULE": "cosine"},
+     "LR_SCHEDULE=cosine: choose polynomial_decay (to 0 at MAX_UPDATE) or constant (after WARMUP_UPDATES)"),
+    ("finetune.sh", {"PATIENCE": "-1"}, "PATIENCE=-1: give a whole number >= 0"),
+    ("finetune.sh", {"VALIDATE_INTERVAL": "0"}, "VALIDATE_INTERVAL=0: give a whole number >= 1"),
     ("prepare.sh", {"TASKS": "sst2 mrpc"}, "TASKS=sst2 mrpc: choose among sst2 and cola"),
     ("prepare.sh", {"WIKITEXT_DIR": "nowhere"}, "no folder nowhere"),
 ])

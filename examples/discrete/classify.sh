@@ -8,21 +8,41 @@
 #     bash examples/discrete/classify.sh [fairseq-train flags]
 #
 # The files: "sentence<TAB>label" a line, a "sentence<TAB>label" header line
-# skipped (GLUE's layout, ../shared/data/sst-binary/); labels are any words
-# (those of TRAIN). Steps, each skipped when done (safe to re-run):
+# skipped (GLUE's layout, as Jain & Wallace's SST split in sst-binary/);
+# labels are any words (those of TRAIN). Steps, each skipped when done (safe
+# to re-run):
 # 1. the text split into OUT/text/{train,valid,test}.{input0,label}
 #    (fairseq_dnas/recipes/masked_lm_data.py tsv), lowercased as sentence_classify.py reads;
 # 2. a SentencePiece model (VOCAB pieces) on the training sentences ->
 #    OUT/bin/sp.model, and fairseq-preprocess -> OUT/bin/data/{input0,label};
 # 3. training from scratch with examples/masked_lm/finetune.sh's settings
 #    (PRETRAINED=none), the thesis's size by default (6 layers, 64 wide,
-#    FFN 128, 4 heads) -> OUT/ARCH-seedSEED/checkpoint_last.pt;
-# 4. fairseq_dnas/commands/faithfulness.py on TEST, importance 'grad' and 'grad-x-input'
-#    -> OUT/ARCH-seedSEED/faithfulness-*.jsonl, tau.png, and the table row
-#    OUT/ARCH-seedSEED/row.md (printed).
-# CPU: on sst-binary (6,920 training sentences) with MAX_UPDATE=400, about
-# 20 minutes on 2 busy cores, nearly all of it training; the metric itself
-# takes seconds per 1,000 sentences (docs/analysis.md, section 4).
+#    FFN 128, 4 heads), trained to patience: the dev accuracy is taken every
+#    VALIDATE_INTERVAL updates, training stops after PATIENCE validations in
+#    a row without a better one (fairseq's --patience; PATIENCE=0: never) or
+#    at MAX_UPDATE, whichever comes first, and the best dev checkpoint is kept
+#    -> OUT/ARCH-seedSEED/checkpoint_best.pt (and checkpoint_last.pt; the
+#    interval checkpoints are deleted once training is done);
+# 4. fairseq_dnas/commands/faithfulness.py on TEST, once, at checkpoint_best.pt,
+#    importance 'grad' and 'grad-x-input' (accuracy, tau, attention's share
+#    of the residual stream per layer) -> OUT/ARCH-seedSEED/faithfulness-*.jsonl,
+#    tau-*.png, and the row: OUT/ARCH-seedSEED/row.json and row.md (printed),
+#    with the updates run and the update of the best dev accuracy, read from
+#    the checkpoints (examples/discrete/faithfulness_table.py --row).
+# The LR schedule under early stopping: LR_SCHEDULE=constant by default (a
+# linear warm-up over WARMUP_UPDATES, then LR: fairseq's fixed schedule).
+# finetune.sh's polynomial decay to 0 at MAX_UPDATE would tie the LR at every
+# update to the cap, so the update at which patience runs out, and the model
+# it keeps, would depend on a number that is only meant as a safety limit;
+# with a constant LR the same rule (PATIENCE validations of VALIDATE_INTERVAL
+# updates) means the same budget for every encoder whatever the cap.
+# LR_SCHEDULE=polynomial_decay PATIENCE=0 VALIDATE_INTERVAL=MAX_UPDATE gives
+# the fixed-length GLUE schedule instead.
+# CPU, one thread on a busy 2-core machine: on sst-binary (6,920 training
+# sentences) a thesis-size roberta ran 200 updates in about 75 s and the
+# metric took 8-10 s per importance form on the 1,821 test sentences
+# (docs/results/2026-11-27-table61-attention-share.md); a run to patience
+# takes as many updates as it needs (row.json says how many).
 set -euo pipefail
 
 TRAIN="${TRAIN:-}"; DEV="${DEV:-}"; TEST="${TEST:-}"
@@ -32,9 +52,13 @@ SEED="${SEED:-1}"
 VOCAB="${VOCAB:-4000}"                  # SentencePiece pieces (a soft limit on small data)
 MAX_PIECES="${MAX_PIECES:-126}"         # + <s> and </s> = 128 positions
 LAYERS="${LAYERS:-6}"; DIM="${DIM:-64}"; FFN="${FFN:-128}"; HEADS="${HEADS:-4}"
-MAX_UPDATE="${MAX_UPDATE:-2000}"
+MAX_UPDATE="${MAX_UPDATE:-20000}"       # the cap; PATIENCE normally stops training first
+VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-100}"  # updates between dev scores (sst-binary: 216 updates an epoch)
+PATIENCE="${PATIENCE:-10}"              # validations without a better dev accuracy before stopping (0: never)
 BATCH_SENTENCES="${BATCH_SENTENCES:-32}"
 LR="${LR:-5e-4}"
+LR_SCHEDULE="${LR_SCHEDULE:-constant}"  # constant (after warm-up) | polynomial_decay (to 0 at MAX_UPDATE)
+WARMUP_UPDATES="${WARMUP_UPDATES:-100}"
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
 PREPARE_ONLY="${PREPARE_ONLY:-0}"       # 1: steps 1-2 only (data for several runs of one OUT)
 export DEVICE="${DEVICE:-cpu}"
@@ -47,7 +71,10 @@ for f in TRAIN DEV TEST; do
   [ -n "${!f}" ] || die "$f is not set: give a sentence<TAB>label file (TRAIN=, DEV=, TEST=)"
   [ -s "${!f}" ] || die "$f=${!f}: no such file (or empty)"
 done
-for n in VOCAB MAX_PIECES LAYERS DIM FFN HEADS MAX_UPDATE; do check_number "$n" 1; done
+for n in VOCAB MAX_PIECES LAYERS DIM FFN HEADS MAX_UPDATE VALIDATE_INTERVAL; do check_number "$n" 1; done
+check_number PATIENCE 0
+check_number WARMUP_UPDATES 0
+check_choice LR_SCHEDULE "constant (after WARMUP_UPDATES)" "polynomial_decay (to 0 at MAX_UPDATE)"
 check_python
 
 TEXT="$OUT/text"; BIN="$OUT/bin"; DATA="$BIN/data"
@@ -78,30 +105,25 @@ fi
 NUM_CLASSES="$(sort -u "$TEXT/train.label" | wc -l)"
 
 RUN="$OUT/$ARCH-seed$SEED"
-say "3/4 $ARCH from scratch ($LAYERS layers, $DIM wide, FFN $FFN, $HEADS heads, $NUM_CLASSES classes)"
+say "3/4 $ARCH from scratch ($LAYERS layers, $DIM wide, FFN $FFN, $HEADS heads, $NUM_CLASSES classes): dev accuracy every $VALIDATE_INTERVAL updates, patience $PATIENCE, at most $MAX_UPDATE updates"
 DATA="$DATA" TASK=tsv ARCH="$ARCH" SIZE=small PRETRAINED=none NUM_CLASSES="$NUM_CLASSES" SEED="$SEED" \
   SAVE_DIR="$RUN" MAX_UPDATE="$MAX_UPDATE" BATCH_SENTENCES="$BATCH_SENTENCES" LR="$LR" LOG_INTERVAL="$LOG_INTERVAL" \
+  LR_SCHEDULE="$LR_SCHEDULE" WARMUP_UPDATES="$WARMUP_UPDATES" VALIDATE_INTERVAL="$VALIDATE_INTERVAL" \
+  PATIENCE="$PATIENCE" \
   bash "$REPO/examples/masked_lm/finetune.sh" --encoder-layers "$LAYERS" --encoder-embed-dim "$DIM" \
   --encoder-ffn-embed-dim "$FFN" --encoder-attention-heads "$HEADS" "$@"
+[ -s "$RUN/checkpoint_best.pt" ] || die "training ended without $RUN/checkpoint_best.pt (see $RUN/train.log)"
+rm -f "$RUN"/checkpoint_[0-9]*_[0-9]*.pt  # interval checkpoints: only for resuming, and training is done
 
-say "4/4 faithfulness on $TEST"
+say "4/4 faithfulness on $TEST at the best dev checkpoint"
 for form in grad grad-x-input; do
   [ -s "$RUN/summary-$form.json" ] && continue
-  "$PYTHON" -m fairseq_dnas.commands.faithfulness "$RUN/checkpoint_last.pt" --test "$TEST" --importance "$form" \
+  "$PYTHON" -m fairseq_dnas.commands.faithfulness "$RUN/checkpoint_best.pt" --test "$TEST" --importance "$form" \
     --labels "$ARCH" --json "$RUN/faithfulness-$form.jsonl" --plot "$RUN/tau-$form.png" \
     > "$RUN/summary-$form.json.tmp" 2> "$RUN/faithfulness-$form.log" \
     || { tail -3 "$RUN/faithfulness-$form.log" >&2; die "faithfulness.py failed (log: $RUN/faithfulness-$form.log)"; }
   mv "$RUN/summary-$form.json.tmp" "$RUN/summary-$form.json"
 done
-"$PYTHON" - "$ARCH" "$RUN" > "$RUN/row.md" <<'PY'
-import json, sys
-arch, run = sys.argv[1:]
-s = {f: json.load(open(f"{run}/summary-{f}.json")) for f in ("grad", "grad-x-input")}
-cells = [f"{s[f]['tau_mean']:.3f} +- {s[f]['tau_std']:.3f}" for f in s]
-print("| encoder | accuracy (%) | tau, gradient | tau, gradient x input | left out |")
-print("| --- | --- | --- | --- | --- |")
-left = f"{s['grad']['left_out']} of {s['grad']['n']}"
-print(f"| {arch} | {100 * s['grad']['accuracy']:.1f} | {cells[0]} | {cells[1]} | {left} |")
-PY
+"$PYTHON" "$HERE/faithfulness_table.py" --row "$RUN" > /dev/null || die "could not write $RUN/row.md"
 cat "$RUN/row.md"
-say "done: $RUN/row.md (per example: $RUN/faithfulness-grad.jsonl; histogram: $RUN/tau-grad.png)"
+say "done: $RUN/row.md, $RUN/row.json (per example: $RUN/faithfulness-grad.jsonl; histogram: $RUN/tau-grad.png)"

@@ -4,7 +4,8 @@
 #
 # 1. classification (the Table 6.1 form): SST in Jain & Wallace's split ->
 #    a thesis-size roberta_discrete (two-stream, discrete) trained from
-#    scratch -> its faithfulness row (classify.sh);
+#    scratch for a fixed CLASSIFY_UPDATES (no early stopping: a smoke run)
+#    -> its faithfulness row (classify.sh);
 # 2. translation and streams (the Table 6.2 and 6.4 forms): the first
 #    TRAIN_PAIRS Multi30k pairs, English -> German -> a transformer and a
 #    transformer_discrete (SIZE=mini) -> BLEU, tau of the encoder and cross
@@ -36,6 +37,8 @@ START=$SECONDS
 say "1/2 classification: SST -> roberta_discrete ($CLASSIFY_UPDATES updates) -> faithfulness row"
 TRAIN="$SST_BINARY_DIR/train.tsv" DEV="$SST_BINARY_DIR/dev.tsv" TEST="$SST_BINARY_DIR/test.tsv" \
   OUT="$WORK_DIR/classify" ARCH=roberta_discrete SEED=1 MAX_UPDATE="$CLASSIFY_UPDATES" LOG_INTERVAL=20 \
+  VALIDATE_INTERVAL="$CLASSIFY_UPDATES" PATIENCE=0 LR_SCHEDULE=polynomial_decay \
+  WARMUP_UPDATES="$((CLASSIFY_UPDATES * 6 / 100))" \
   bash "$HERE/classify.sh" > "$WORK_DIR/classify.log" 2>&1 || { tail -n 20 "$WORK_DIR/classify.log" >&2; die "classify.sh failed (log: $WORK_DIR/classify.log)"; }
 
 say "2/2 translation: $TRAIN_PAIRS Multi30k pairs en -> de, transformer and transformer_discrete ($TRANSLATE_UPDATES updates), CoNLL-2000 probe"

@@ -9,11 +9,19 @@
 # ARCH and SIZE must be those of the pretraining. PRETRAINED=none trains the
 # encoder from scratch instead (examples/discrete/classify.sh: any
 # sentence<TAB>label set, TASK=tsv, NUM_CLASSES classes, sizes as extra
-# fairseq-train flags). The model of the last update
-# is kept (SAVE_DIR/checkpoint_last.pt) and scored with
-# fairseq_dnas/commands/sentence_classify.py score (accuracy, MCC, bootstrap 95% intervals);
-# the validation split is printed for model selection, the test split is never
-# seen here. DEVICE/NPROC as in pretrain.sh. Safe to re-run (a finished run is
+# fairseq-train flags). The dev split (valid) is scored every
+# VALIDATE_INTERVAL updates (default: once, at MAX_UPDATE) and the model with
+# the best dev metric so far is kept as SAVE_DIR/checkpoint_best.pt (fairseq's
+# >=: of equal scores, the later), the last as checkpoint_last.pt; with
+# PATIENCE=N training stops after N validations in a row without a strictly
+# better dev metric (fairseq's --patience; its count restarts when an
+# interrupted run resumes). Score a checkpoint with
+# fairseq_dnas/commands/sentence_classify.py score (accuracy, MCC, bootstrap
+# 95% intervals); the test split is never seen here. LR_SCHEDULE:
+# polynomial_decay (fairseq's GLUE recipe: warm-up, then linear decay to 0
+# at MAX_UPDATE) or constant (warm-up, then LR: fairseq's fixed schedule;
+# what early stopping needs, as the LR then does not depend on the cap).
+# DEVICE/NPROC as in pretrain.sh. Safe to re-run (a finished run is
 # skipped).
 set -euo pipefail
 
@@ -31,7 +39,10 @@ BATCH_SENTENCES="${BATCH_SENTENCES:-32}"     # sentences per update, all process
 MAX_SENTENCES_PER_PROC="${MAX_SENTENCES_PER_PROC:-32}"
 MAX_UPDATE="${MAX_UPDATE:-1000}"
 LR="${LR:-1e-4}"
+LR_SCHEDULE="${LR_SCHEDULE:-polynomial_decay}"  # polynomial_decay | constant (after warm-up)
 WARMUP_UPDATES="${WARMUP_UPDATES:-$((MAX_UPDATE * 6 / 100))}"  # fairseq's GLUE recipe: 6%
+VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-$MAX_UPDATE}"  # dev score (and checkpoint) every N updates
+PATIENCE="${PATIENCE:-0}"                    # stop after N validations without improvement (0: never)
 LOG_INTERVAL="${LOG_INTERVAL:-50}"
 CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"
 DRY_RUN="${DRY_RUN:-0}"                      # 1: print the command and stop
@@ -42,6 +53,10 @@ case "$TASK" in sst2|tsv) METRIC=accuracy; REPORT=() ;; cola) METRIC=mcc; REPORT
 check_choice ARCH roberta roberta_dnas roberta_hnas roberta_discrete_single roberta_discrete roberta_two_stream
 check_choice SIZE small base large bert
 check_number MAX_UPDATE 1
+check_number VALIDATE_INTERVAL 1
+check_number PATIENCE 0
+check_number WARMUP_UPDATES 0
+check_choice LR_SCHEDULE "polynomial_decay (to 0 at MAX_UPDATE)" "constant (after WARMUP_UPDATES)"
 check_number BATCH_SENTENCES 1
 check_number NUM_CLASSES 2
 [ -n "$PRETRAINED" ] || die "PRETRAINED is not set: give the masked_lm checkpoint of pretrain.sh (SAVE_DIR/checkpoint_last.pt), or none to train from scratch"
@@ -60,16 +75,20 @@ ARCH_NAME="${ARCH}_$SIZE"
 check_run_settings  # SEED, DEVICE -> cpu|gpu, NPROC -> a count, WORLD
 split_batch BATCH_SENTENCES "$BATCH_SENTENCES" "$WORLD" "$MAX_SENTENCES_PER_PROC" exact
 
-schedule_args "$MAX_UPDATE"
+schedule_args "$VALIDATE_INTERVAL"
+case "$LR_SCHEDULE" in
+  polynomial_decay) LR_ARGS=(--lr-scheduler polynomial_decay --warmup-updates "$WARMUP_UPDATES" --total-num-update "$MAX_UPDATE") ;;
+  constant) LR_ARGS=(--lr-scheduler fixed --warmup-updates "$WARMUP_UPDATES") ;;
+esac
 ARGS=("$DATA" --user-dir "$USER_DIR"
   "${RESTORE[@]}"
   --task sentence_prediction --criterion sentence_prediction --num-classes "$NUM_CLASSES" "${REPORT[@]}"
   --init-token 0 --separator-token 2 --arch "$ARCH_NAME"
   --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.1
   --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-6 --clip-norm 0.0
-  --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$WARMUP_UPDATES" --total-num-update "$MAX_UPDATE"
+  --lr "$LR" "${LR_ARGS[@]}"
   --max-update "$MAX_UPDATE" --batch-size "$PER_PROC" --update-freq "$UPDATE_FREQ" --required-batch-size-multiple 1
-  --seed "$SEED" --best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric
+  --seed "$SEED" --best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric --patience "$PATIENCE"
   "${SCHEDULE_ARGS[@]}"
   --save-dir "$SAVE_DIR" --log-format simple --log-interval "$LOG_INTERVAL")
 
@@ -81,4 +100,4 @@ say "$TASK from $PRETRAINED ($ARCH_NAME, seed $SEED): $MAX_UPDATE updates of $BA
 run_fairseq_train "$SAVE_DIR" "$MAX_UPDATE" "${CMD[@]}"
 [ -f "$SAVE_DIR/checkpoint_last.pt" ] || die "fine-tuning ended without $SAVE_DIR/checkpoint_last.pt (see $SAVE_DIR/train.log)"
 date -u +%FT%TZ > "$SAVE_DIR/done"
-say "done: $SAVE_DIR/checkpoint_last.pt (score it: python -m fairseq_dnas.commands.sentence_classify score $SAVE_DIR/checkpoint_last.pt TEST.tsv)"
+say "done: $SAVE_DIR/checkpoint_best.pt, the best dev $METRIC, and checkpoint_last.pt (score one: python -m fairseq_dnas.commands.sentence_classify score $SAVE_DIR/checkpoint_best.pt TEST.tsv)"

@@ -27,6 +27,15 @@ included), as `receptive_field_size` and `receptive_field_fraction` in the
 summary line, and per sentence in --json as `receptive_field`, the positions
 (indices into `tokens`) of the final layer's field.
 
+Every encoder also reports attention's share of the residual stream per
+layer (bottom first): over the non-padding tokens of TEST, the mean and the
+median of ||attention output|| / ||layer input|| (what the self-attention
+sub-layer adds before the residual add, over the residual stream it is
+added to), as `attention_share` and `attention_share_median`; a two-stream
+encoder reports its model stream h there (the one the classifier reads) and
+its controller g as `controller_attention_share` and
+`controller_attention_share_median`. Definition: docs/analysis.md.
+
 --attention picks the stream of a two-stream encoder ('model': the model
 stream's S, 'controller': the controller's A); a single-stream encoder has
 one attention, used for both. Bad input (a missing file, a label the model
@@ -64,13 +73,18 @@ def measure(checkpoint, args):
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     out = [None] * len(rows)
     field_sizes = []  # discrete encoders: per example, |r(<s>, l)| for every layer l
+    shares = {}  # stream -> per layer, one flat tensor of r_lt per batch
     for start in range(0, len(order), args.batch):
         idx = order[start:start + args.batch]
         x = sentence_classify.pad_batch([rows[i] for i in idx], pad)
         try:
-            r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention)
+            with F.ResidualAttention(model) as residual:
+                r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention)
         except ValueError as err:  # an --attention stream the encoder does not report
             raise BadInput(f"{checkpoint}: {err}") from None
+        for stream, layers in residual.shares(x.eq(pad)).items():
+            for n, ratios in enumerate(layers):
+                shares.setdefault(stream, [[] for _ in layers])[n].append(ratios)
         for b, i in enumerate(idx):
             real = r["real"][b]
             a = r["attention"][b][real].tolist()
@@ -89,7 +103,27 @@ def measure(checkpoint, args):
                     "threads": torch.get_num_threads()})
     if field_sizes:
         summary.update(F.receptive_field_summary(field_sizes))
+    summary.update(share_keys(shares))
     return summary, out, encoder_scheme(model)
+
+
+# The summary keys of attention's share of the residual stream, per stream:
+# the one of a single-stream encoder and a two-stream encoder's model stream
+# (the one the classification head reads) unprefixed, its controller apart.
+SHARE_PREFIX = {"self": "", "model": "", "controller": "controller_"}
+
+
+def share_keys(shares) -> dict:
+    """{'attention_share': per-layer means, 'attention_share_median': ...,
+    and 'controller_attention_share...' for a two-stream encoder}."""
+    from fairseq_dnas.analysis import faithfulness as F
+
+    out = {}
+    for stream, per_layer in shares.items():
+        s = F.share_summary(per_layer)
+        prefix = SHARE_PREFIX[stream]
+        out[f"{prefix}attention_share"], out[f"{prefix}attention_share_median"] = s["mean"], s["median"]
+    return out
 
 
 def from_json(path):
@@ -129,6 +163,12 @@ def report(label, s):
         print(f"{label}: receptive field of <s> per layer (mean over sentences): "
               + ", ".join(f"{n:.2f}" for n in s["receptive_field_size"]) + " positions, "
               + ", ".join(f"{q:.3f}" for q in s["receptive_field_fraction"]) + " of the length", file=sys.stderr)
+    for prefix, stream in (("", "attention"), ("controller_", "controller attention")):
+        if f"{prefix}attention_share" in s:
+            print(f"{label}: {stream}'s share of the residual stream per layer, ||attention out|| / "
+                  "||layer input|| over the tokens: mean " + ", ".join(f"{r:.3f}" for r in s[f"{prefix}attention_share"])
+                  + "; median " + ", ".join(f"{r:.3f}" for r in s[f"{prefix}attention_share_median"]),
+                  file=sys.stderr)
     print(json.dumps({"label": label, **s}))
 
 
