@@ -12,15 +12,30 @@ steadier one on a shared machine); peak memory is the profiler's high-water
 mark of PyTorch's allocator over one update (bench_common.peak_memory_bytes).
 Targets (issue 17): time 1.05x (DNAS) and 1.10x (HNAS) of roberta.
 
+``--discrete``: the discrete classifiers of J. Kinley (2020) instead, at the
+thesis's size (Section 5.3: 6 layers, 64 wide, FFN 128, 4 heads) unless
+--size says otherwise: ``roberta``, ``roberta_two_stream`` (soft),
+``roberta_discrete_single`` and ``roberta_discrete``, one training step
+each (the sentence_prediction criterion's forward + backward, 2 classes,
+no optimizer step) on a batch of --batch sentences of --length tokens
+(default 32 x 100). The discrete models hold the weights of their soft
+counterparts (roberta, roberta_two_stream). Ratios: to roberta, and for
+roberta_discrete also to the soft two-stream model (the median of the
+per-round ratios). Targets (issue 33): single-stream discrete <= 1.15x of
+roberta, two-stream discrete <= 1.1x of the soft two-stream model.
+
     python benchmarks/bench_roberta.py                  # the recipe's small size, a few minutes on 2 cores
     python benchmarks/bench_roberta.py --size base --batch 8
     python benchmarks/bench_roberta.py --quick          # smoke run, < 1 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_roberta.py --discrete --threads 1 --rounds 15   # about 3 min
 """
 
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 import torch
 
@@ -29,6 +44,13 @@ from bench_hf import timed_rounds  # wall and CPU time, interleaved
 
 TARGETS = {"roberta_dnas": 1.05, "roberta_hnas": 1.10}
 ARCHS = ("roberta", "roberta_dnas", "roberta_hnas")
+# --discrete: model -> (arch, the model whose weights it takes, the baseline of its target, target)
+DISCRETE = {
+    "roberta": ("roberta", None, None, None),
+    "roberta_two_stream": ("roberta_two_stream", None, None, None),
+    "roberta_discrete_single": ("roberta_discrete_single", "roberta", "roberta", 1.15),
+    "roberta_discrete": ("roberta_discrete", "roberta_two_stream", "roberta_two_stream", 1.10),
+}
 QUICK_SIZES = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
                "--encoder-attention-heads", "4"]
 
@@ -94,12 +116,165 @@ def update(model, criterion, sample):
     return run
 
 
+def build_classifiers(size, vocab, length, extra):
+    """{name: (model, criterion)} of ``DISCRETE`` for the sentence_prediction
+    task (2 classes), each discrete model with its soft counterpart's weights."""
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.tasks.sentence_prediction import SentencePredictionTask
+
+    import fairseq_dnas.plugin  # noqa: F401
+
+    d = Dictionary()
+    for i in range(vocab - len(d)):
+        d.add_symbol(f"wp{i}")
+    labels = Dictionary()
+    for label in ("0", "1"):
+        labels.add_symbol(label)
+    models = {}
+    for name, (arch, weights_of, _, _) in DISCRETE.items():
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, [
+            "unused-data", "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+            "--num-classes", "2", "--arch", f"{arch}_{size}", "--user-dir", common.USER_DIR,
+            "--max-positions", str(max(length, 128)), "--attention-dropout", "0.1", *extra])
+        task = SentencePredictionTask(args, d, labels)
+        torch.manual_seed(0)
+        m = task.build_model(args)
+        if weights_of is not None:  # the same parameters, so the same numbers as the soft model
+            m.load_state_dict(models[weights_of][0].state_dict(), strict=True)
+        models[name] = (m.train(), task.build_criterion(args))
+    return models, d
+
+
+def classification_batch(d, batch, length, min_length, seed=0):
+    """<s> w ... </s> sentences of min_length..length tokens, right-padded to
+    ``length`` (fairseq's sentence_prediction batches), random 0/1 labels."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_length, length + 1, (batch,), generator=g)
+    tokens = torch.randint(d.nspecial, len(d), (batch, length), generator=g)
+    tokens[:, 0] = d.bos()
+    for b, n in enumerate(lengths.tolist()):
+        tokens[b, n - 1] = d.eos()
+        tokens[b, n:] = d.pad()
+    return {"net_input": {"src_tokens": tokens, "src_lengths": lengths},
+            "target": torch.randint(0, 2, (batch,), generator=g), "ntokens": int(lengths.sum()),
+            "nsentences": batch}
+
+
+def train_step(model, criterion, sample):
+    """The criterion's forward and the backward (issue 33's training step: no optimizer step)."""
+
+    def reset():
+        model.zero_grad(set_to_none=True)
+
+    def run():
+        reset()
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+
+    run.reset = reset
+    return run
+
+
+def per_round_ratio(times, name, baseline):
+    """Median over rounds of name's CPU time / baseline's in the same round."""
+    return statistics.median(a / b for a, b in zip(times[name]["cpu_times_s"], times[baseline]["cpu_times_s"]))
+
+
+def noise_times(shape, rounds=25):
+    """Median process CPU ms to draw float32 Gumbel noise of ``shape`` (one
+    thread's share of a training step's layer), interleaved: the chains this
+    project has used, and the draw of E = -log U alone (the two-stream path)."""
+    from fairseq_dnas.attention import discrete as D
+
+    cases = {  # name -> a call that returns the noise
+        "exponential_ then -log (until 2026-11-27)":
+            lambda: torch.empty(shape).exponential_().clamp_(D.E_LOW, D.E_HIGH).log_().neg_(),
+        "uniform_ then -log(-log U)": lambda: D.gumbel_from_uniform(torch.empty(shape).uniform_()),
+        "gumbel_noise (this tree)": lambda: D.gumbel_noise(shape),
+    }
+    if hasattr(D, "exponential_noise"):  # (not in trees before 2026-11-27)
+        cases["exponential_noise, E only (this tree)"] = lambda: D.exponential_noise(shape)
+    times = {n: [] for n in cases}
+    for fn in cases.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            c = time.process_time()
+            fn()
+            times[name].append(time.process_time() - c)
+    return {n: 1e3 * statistics.median(t) for n, t in times.items()}
+
+
+def discrete_main(args, extra):
+    size = args.size or "thesis"
+    models, d = build_classifiers(size, args.vocab, args.length, extra)
+    sample = classification_batch(d, args.batch, args.length, args.min_length or args.length)
+    with torch.no_grad():  # proof that the discrete schemes run: their eval outputs differ from the soft ones'
+        out = {}
+        for name, (m, _) in models.items():
+            m.eval()
+            out[name] = m(**sample["net_input"], features_only=True,
+                          classification_head_name="sentence_classification_head")[0]
+            m.train()
+    differs = {name: 0.0 if w is None else (out[name] - out[w]).abs().max().item()
+               for name, (_, w, _, _) in DISCRETE.items()}
+    if not all(differs[n] > 0 for n, (_, w, _, _) in DISCRETE.items() if w is not None):
+        sys.exit(f"a discrete model gives its soft model's output: the sampling did not run ({differs})")
+    cases = {name: train_step(m, c, sample) for name, (m, c) in models.items()}
+    common.log(f"{size}{' (quick)' if args.quick else ''}: training step (forward + backward), "
+               f"{args.batch} x {args.length} tokens ({sample['ntokens']} real), {args.rounds} rounds, "
+               f"{torch.get_num_threads()} threads")
+    with common.CpuLoad() as load:
+        times = timed_rounds(cases, args.warmup, args.rounds, "roberta")
+    rows = []
+    for name, (arch, weights_of, baseline, target) in DISCRETE.items():
+        t = times[name]
+        row = {"arch": f"{arch}_{size}", "model": name, "batch": args.batch, "length": args.length,
+               "tokens": sample["ntokens"], "median_s": t["median_s"], "ratio": t["ratio"],
+               "cpu_median_s": t["cpu_median_s"], "cpu_ratio": t["cpu_ratio"], "cpu_times_s": t["cpu_times_s"],
+               "times_s": t["times_s"], "max_abs_diff_to_soft": differs[name],
+               "foreign_cpu_fraction": load.foreign_fraction}
+        if target is not None:
+            row.update(target=target, target_baseline=baseline,
+                       cpu_ratio_to_target_baseline=per_round_ratio(times, name, baseline))
+        rows.append(row)
+    print("\n| model | CPU s / step | CPU x roberta | CPU x target's baseline (target) | wall s | wall x roberta |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        tgt = (f"{r['cpu_ratio_to_target_baseline']:.3f} x {r['target_baseline']} (<= {r['target']})"
+               if "target" in r else "")
+        print(f"| {r['arch']} | {r['cpu_median_s']:.3f} | {r['cpu_ratio']:.3f} | {tgt} | "
+              f"{r['median_s']:.3f} | {r['ratio']:.3f} |")
+    print(f"(other processes used {load.foreign_fraction:.0%} of the CPU during the timing)")
+    shape = (args.batch, models["roberta"][0].args.encoder_attention_heads, args.length, args.length)
+    noise = noise_times(shape)
+    print(f"\nGumbel noise of shape {shape}, median CPU ms:")
+    for name, ms in noise.items():
+        print(f"  {name:42s} {ms:7.2f}")
+    rows.append({"noise_shape": list(shape), "noise_cpu_ms": noise})
+    for r in rows:
+        if "target" in r:
+            ok = r["cpu_ratio_to_target_baseline"] <= r["target"]
+            print(f"target {r['model']}: CPU time x{r['cpu_ratio_to_target_baseline']:.3f} of "
+                  f"{r['target_baseline']} (target {r['target']}): {'met' if ok else 'MISSED'}")
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", default="small", choices=("small", "base", "large"),
-                   help="the roberta*_SIZE presets (small: 4 layers, 128 wide, the recipe's CPU size)")
+    p.add_argument("--size", choices=("small", "base", "large", "thesis"),
+                   help="the roberta*_SIZE presets (small: 4 layers, 128 wide, the recipe's CPU size; "
+                        "thesis: 6 layers, 64 wide); default small, with --discrete thesis")
+    p.add_argument("--discrete", action="store_true",
+                   help="the discrete classifiers (roberta, roberta_two_stream, roberta_discrete_single, "
+                        "roberta_discrete): a sentence_prediction training step")
     p.add_argument("--batch", type=int, default=32, help="blocks per update (the recipe: 32)")
-    p.add_argument("--length", type=int, default=128, help="tokens per block (the recipe: 128)")
+    p.add_argument("--length", type=int, help="tokens per block (default: the recipe's 128; with --discrete 100)")
+    p.add_argument("--min-length", type=int,
+                   help="--discrete: the shortest sentence (lengths uniform in [MIN, LENGTH], padded); "
+                        "default LENGTH, no padding")
     p.add_argument("--vocab", type=int, default=8000, help="dictionary size (the recipe: 8,000 pieces)")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
@@ -107,11 +282,20 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="a tiny model, 1 round: a smoke run")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
+    if args.length is None:
+        args.length = 100 if args.discrete else 128
     extra = []
     if args.quick:
         extra, args.batch, args.length, args.vocab, args.rounds, args.warmup = QUICK_SIZES, 4, 32, 200, 1, 0
+        args.min_length = 24  # --discrete: some padding, so the masks run too
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.discrete:
+        rows = discrete_main(args, extra)
+        if args.json:
+            write_json(args.json, args, rows)
+        return
+    args.size = args.size or "small"
     models, d = build(args.size, args.vocab, args.length, extra)
     sample = masked_batch(d, args.batch, args.length)
     with torch.no_grad():  # proof that the schemes run: their outputs differ from roberta's
@@ -149,9 +333,13 @@ def main(argv=None):
             print(f"target {r['arch']}: CPU time x{r['cpu_ratio']:.3f} (wall x{r['ratio']:.3f}; target "
                   f"{TARGETS[r['arch']]}): {'met' if ok else 'MISSED'}; memory x{r['memory_ratio']:.2f}")
     if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump({"machine": common.machine(), "settings": vars(args), "rows": rows}, f, indent=1)
-        os.replace(args.json + ".tmp", args.json)
+        write_json(args.json, args, rows)
+
+
+def write_json(path, args, rows):
+    with open(path + ".tmp", "w") as f:
+        json.dump({"machine": common.machine(), "settings": vars(args), "rows": rows}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

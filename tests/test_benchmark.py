@@ -120,6 +120,27 @@ def test_quick_roberta_benchmark_writes_json(tmp_path):
     assert "target roberta_hnas: CPU time x" in proc.stdout
 
 
+def test_quick_discrete_roberta_benchmark_writes_json(tmp_path):
+    """bench_roberta.py --discrete --quick: the four classifiers timed on one
+    training step each (padded sentences), each discrete model's output
+    differing from its soft model's; the noise timings and the targets."""
+    out = tmp_path / "discrete.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_roberta.py"), "--discrete",
+                           "--quick", "--threads", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    models = [r for r in rows if "arch" in r]
+    assert [r["arch"] for r in models] == ["roberta_thesis", "roberta_two_stream_thesis",
+                                           "roberta_discrete_single_thesis", "roberta_discrete_thesis"]
+    for r in models:
+        assert _positive(r["cpu_median_s"]) and _positive(r["cpu_ratio"]) and r["tokens"] < 4 * 32, r
+    assert [r["max_abs_diff_to_soft"] > 0 for r in models] == [False, False, True, True]
+    assert [r.get("target_baseline") for r in models] == [None, None, "roberta", "roberta_two_stream"]
+    assert all(_positive(ms) for ms in rows[-1]["noise_cpu_ms"].values())
+    assert "target roberta_discrete: CPU time x" in proc.stdout and "of roberta_two_stream (target 1.1)" in proc.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU stand-in for the GPU run")
 @pytest.mark.full  # about a minute on the interpreter; the kernels are proved in tests/test_triton*.py
 def test_quick_kernels_section_times_flash_short_and_sdpa(tmp_path):

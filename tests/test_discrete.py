@@ -400,3 +400,149 @@ def test_fused_gumbel_attention_is_finite_in_half_precision(dtype):
             assert dtype == torch.float16 and "not implemented" in str(err)
             return
         assert out.dtype == dtype and bool(torch.isfinite(out).all())
+
+
+# --- the CPU noise draw and the sample from A (issue 33) ------------------------
+
+# Chi-square critical value for 15 degrees of freedom at p = 0.001.
+CHI2_15DOF_P001 = 37.697
+
+
+def test_uniform_float32_is_uniform_on_the_23_bit_grid():
+    n = 200_001  # odd: the last int64 gives one value
+    u = D.uniform_float32((n,), generator=torch.Generator().manual_seed(11))
+    assert u.shape == (n,) and u.dtype == torch.float32
+    k = (u.double() * 2 ** 23)
+    assert torch.equal(k, k.round()) and 0 <= u.min().item() and u.max().item() <= 1 - 2 ** -23
+    # 16 equal bins: chi-square with 15 degrees of freedom below its p = 0.001 value
+    counts = torch.bincount((u * 16).long(), minlength=16).double()
+    assert chi_square(counts, torch.full((16,), 1 / 16, dtype=torch.float64)) < CHI2_15DOF_P001
+    # the lowest and the highest of the 23 bits are each 1 half of the time,
+    # in the values from the low and from the high 32-bit word alike
+    k = k.long()
+    for words in (k[0::2], k[1::2]):
+        for bit in (0, 22):
+            frac = ((words >> bit) & 1).double().mean().item()
+            assert abs(frac - 0.5) < 5 * math.sqrt(0.25 / words.numel())
+    # neighbours are uncorrelated (the two words of one draw, and across draws)
+    x = u.double() - 0.5
+    assert abs((x[:-1] * x[1:]).mean().item()) < 5 * (1 / 12) / math.sqrt(n)
+    # a seeded generator reproduces the draw; the next draw differs
+    g = torch.Generator().manual_seed(11)
+    assert torch.equal(D.uniform_float32((n,), generator=g), u)
+    assert not torch.equal(D.uniform_float32((n,), generator=g), u)
+    assert D.uniform_float32((2, 0, 3)).shape == (2, 0, 3) and D.uniform_float32(()).shape == ()
+
+
+def test_exponential_noise_is_exp1_and_the_draws_of_gumbel_noise():
+    n = 200_000
+    e = D.exponential_noise((n,), generator=torch.Generator().manual_seed(1))
+    assert e.dtype == torch.float32 and D.E_LOW <= e.min().item() and e.max().item() <= D.E_HIGH
+    se = 1 / math.sqrt(n)  # Exp(1): mean 1, variance 1
+    assert abs(e.double().mean().item() - 1) < 5 * se
+    assert abs(e.double().var().item() - 1) < 0.05
+    # P(E > 3) = e^-3
+    assert abs((e > 3).double().mean().item() - math.exp(-3)) < 5 * math.sqrt(math.exp(-3) / n)
+    # gumbel_noise: -log of the same draws
+    g = D.gumbel_noise((n,), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(g, e.log().neg())
+
+
+def _probs_case(dtype=torch.float64, causal=False):
+    """Masked logits L (padding left, optional causal mask), A = softmax(L), the noise G and E = exp(-G)."""
+    scores, noise, kmask = _case(t_q=7)
+    logits = D.masked_scores(scores.to(dtype), kmask, causal_mask(7, 7) if causal else None)
+    return logits, noise, noise.double().neg().exp()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sample_from_probs_matches_float64_reference(dtype, causal):
+    """S = (A / E) / sum(A / E) is the reference softmax(L + G), padded keys
+    exactly 0, forward and gradient (the gradient against the float64
+    reference sample's, through autograd)."""
+    logits, noise, e = _probs_case(dtype, causal)
+    kmask = _case(t_q=7)[2]
+    lg = logits.detach().requires_grad_()
+    s = D.gumbel_softmax_from_probs(lg, torch.softmax(lg, -1), e.to(dtype))
+    ref_in = logits.detach().double().requires_grad_()
+    ref = reference_sample(ref_in, noise, 1.0)
+    tol = dict(atol=1e-12, rtol=0) if dtype == torch.float64 else dict(atol=2e-6, rtol=0)
+    assert s.dtype == dtype
+    torch.testing.assert_close(s.double(), ref.detach(), **tol)
+    assert bool((s[kmask[:, None, None, :].expand_as(s)] == 0).all())
+    w = torch.randn(s.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    (got,) = torch.autograd.grad((s.double() * w).sum(), lg)
+    (want,) = torch.autograd.grad((ref * w).sum(), ref_in)
+    torch.testing.assert_close(got.double(), want, **tol)
+    assert bool((got[kmask[:, None, None, :].expand_as(got)] == 0).all())
+    # the caller's E is not changed
+    assert torch.equal(e.to(dtype), _probs_case(dtype, causal)[2].to(dtype))
+
+
+def test_sample_from_probs_gradcheck():
+    logits, _, e = _probs_case()
+    logits = logits[:2, :, :3].detach().requires_grad_()
+    e = e[:2, :, :3]
+    torch.autograd.gradcheck(lambda x: D.gumbel_softmax_from_probs(x, torch.softmax(x, -1), e), (logits,))
+
+
+def test_discrete_probs_with_the_callers_probs_is_the_same_sample():
+    """discrete_probs(probs=A) (the two-stream path at tau = 1) gives the
+    sample of the general path: with given noise, and with the same
+    generator state (the same draws); gradients too. Where the path does not
+    apply (tau != 1, hard, eval) ``probs`` changes nothing."""
+    logits, noise, _ = _probs_case(torch.float32, causal=True)
+    cases = {"noise": dict(noise=noise), "generator": dict(generator=torch.Generator().manual_seed(9))}
+    for name, kw in cases.items():
+        results = []
+        for use_probs in (False, True):
+            if name == "generator":
+                kw["generator"].manual_seed(9)
+            lg = logits.detach().requires_grad_()
+            s = D.discrete_probs(lg, probs=torch.softmax(lg, -1) if use_probs else None, **kw)
+            (grad,) = torch.autograd.grad((s * torch.arange(7.0)).sum(), lg)
+            results.append((s, grad))
+        (s0, g0), (s1, g1) = results
+        torch.testing.assert_close(s1, s0, atol=2e-6, rtol=0)
+        torch.testing.assert_close(g1, g0, atol=1e-5, rtol=0)
+        assert not torch.equal(s0, torch.softmax(logits, -1))  # noise was added
+    a = torch.softmax(logits, -1)
+    for kw in (dict(tau=0.5), dict(hard=True), dict(training=False)):
+        assert torch.equal(D.discrete_probs(logits, noise=noise, probs=a, **kw), D.discrete_probs(logits, noise=noise, **kw))
+
+
+def test_sample_from_probs_rows_without_a_key_are_zero_and_nan_logits_stay_nan():
+    logits = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    logits[0, 0, 1] = float("-inf")  # no allowed key
+    logits[0, 0, 2, 1] = float("nan")
+    lg = logits.clone().requires_grad_()
+    a = torch.softmax(lg, -1)
+    assert bool(a[0, 0, 1].isnan().all())  # torch's softmax of an empty row
+    s = D.gumbel_softmax_from_probs(lg, a, D.exponential_noise(a.shape).double())
+    assert bool((s[0, 0, 1] == 0).all()) and bool(s[0, 0, 2].isnan().all())
+    torch.testing.assert_close(s[0, 0, 0].sum(), torch.tensor(1.0, dtype=torch.float64))
+    (grad,) = torch.autograd.grad(s[0, 0, :2].sum() * 3, lg)
+    assert bool((grad[0, 0, 1] == 0).all()) and bool(torch.isfinite(grad[0, 0, :2]).all())
+
+
+def test_sample_from_probs_argmax_frequencies_are_softmax():
+    """The Gumbel-max trick through the A path: argmax_j S_ij is drawn with
+    probability softmax(L_i)_j (chi-square, 4 degrees of freedom, p = 0.001,
+    a padded key never drawn)."""
+    n = 20_000
+    logits = torch.tensor([1.2, -0.3, 0.5, 2.0, 0.0, float("-inf")]).expand(n, 1, 1, 6)
+    a = torch.softmax(logits, -1)
+    s = D.gumbel_softmax_from_probs(logits, a, D.exponential_noise(a.shape, generator=torch.Generator().manual_seed(3)))
+    counts = torch.bincount(s.argmax(-1).flatten(), minlength=6).double()
+    assert counts[-1] == 0
+    probs = a[0, 0, 0, :5].double()
+    assert chi_square(counts[:5], probs) < CHI2_4DOF_P001
+    # and the test can fail: the same counts against a uniform row
+    assert chi_square(counts[:5], torch.full((5,), 0.2, dtype=torch.float64)) > CHI2_4DOF_P001
+
+
+def test_sample_from_probs_refuses_a_noise_of_another_shape():
+    a = torch.softmax(torch.randn(2, 3), -1)
+    with pytest.raises(ValueError, match="draw it in the probabilities' shape"):
+        D.gumbel_softmax_from_probs(a.log(), a, torch.ones(3))

@@ -51,23 +51,50 @@ NEG = AF.NEG
 
 def gumbel_from_uniform(u: Tensor) -> Tensor:
     """G = -log(-log U) (Section 3.3) in float32, U clamped to [U_LOW, U_HIGH]
-    first, so U = 0 or U = 1 still give finite noise."""
-    return _gumbel_from_exponential(u.to(torch.float32).clamp(U_LOW, U_HIGH).log_().neg_())
+    first, so U = 0 or U = 1 still give finite noise. ``u`` is not changed."""
+    return u.to(torch.float32, copy=True).clamp_(U_LOW, U_HIGH).log_().neg_().log_().neg_()
 
 
-def _gumbel_from_exponential(e: Tensor) -> Tensor:
-    """G = -log E for E = -log U ~ Exp(1), in place, E clamped to the bounds
-    of the clamped uniform [E_LOW, E_HIGH]."""
-    return e.clamp_(E_LOW, E_HIGH).log_().neg_()
+def uniform_float32(shape, *, generator: Optional[torch.Generator] = None) -> Tensor:
+    """U ~ Uniform[0, 1) on the CPU in float32, k 2^-23 for k uniform in
+    [0, 2^23): 23 random bits as the mantissa of a float in [1, 2), minus 1
+    (JAX's ``random.uniform`` does the same).
+
+    The bits come from one ``random_`` call on int64 (63 uniform bits a
+    value, two 32-bit words, 23 bits taken from each): torch's CPU
+    ``uniform_`` makes a distribution object per element and costs more
+    (docs/results/2026-11-27-cpu-gumbel-speed.md).
+    """
+    n = math.prod(shape)
+    words = torch.empty((n + 1) // 2, dtype=torch.int64).random_(generator=generator).view(torch.int32)[:n]
+    mantissa = words.bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)  # bits of 1 + k 2^-23, k < 2^23
+    return mantissa.view(torch.float32).sub_(1.0).view(shape)  # exact: k 2^-23 in [0, 1 - 2^-23]
+
+
+def exponential_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
+    """E = -log U ~ Exp(1) in float32, U uniform clamped to [tiny, 1 - eps] of
+    float32, so E lies in [E_LOW, E_HIGH] (about [1.2e-7, 87.3]); the
+    Gumbel noise is G = -log E (``gumbel_noise`` draws E and takes that log).
+
+    On the CPU, U is ``uniform_float32`` and the log a vectorized pass:
+    torch's CPU ``exponential_`` samples one element at a time and costs
+    several times the whole Gumbel chain (docs/results/2026-11-27-cpu-gumbel-speed.md).
+    On other devices E is drawn directly as Exp(1) (``exponential_``, the
+    same distribution in one kernel) and clamped to the same bounds.
+    """
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cpu":
+        return uniform_float32(shape, generator=generator).clamp_(U_LOW, U_HIGH).log_().neg_()  # E = -log U
+    return torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator).clamp_(
+        E_LOW, E_HIGH)
 
 
 def gumbel_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
     """float32 Gumbel(0, 1) noise of ``shape``, always finite: -log(-log U)
-    with U uniform clamped to [tiny, 1 - eps] of float32. E = -log U is drawn
-    directly as Exp(1) (torch's ``exponential_``, the same distribution, two
-    passes over the buffer fewer) and clamped to the same bounds."""
-    e = torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator)
-    return _gumbel_from_exponential(e)
+    with U uniform clamped to [tiny, 1 - eps] of float32 (G in about
+    [-4.5, 15.9]), drawn in one buffer and transformed in place. The same
+    draws as ``exponential_noise`` with the same generator state."""
+    return exponential_noise(shape, device=device, generator=generator).log_().neg_()  # G = -log E, Section 3.3
 
 
 def masked_scores(scores: Tensor, key_padding_mask: Optional[Tensor] = None,
@@ -94,9 +121,21 @@ def _rows_with_keys(logits: Tensor) -> Tensor:
     return (logits.amax(dim=-1, keepdim=True) > float("-inf")).to(logits.dtype)
 
 
+def _every_row_has_a_key(logits: Tensor) -> bool:
+    """True if every row of ``logits`` has a key above -inf (checked on the
+    CPU only: elsewhere the answer would cost a host synchronization, so
+    False, and the caller takes the path that handles empty rows)."""
+    return logits.device.type == "cpu" and bool((logits.amax(dim=-1) > float("-inf")).all())
+
+
 def softmax_probs(logits: Tensor) -> Tensor:
     """A = softmax(L) over the allowed keys, exactly 0 at -inf keys; rows with
     no allowed key are all 0, not NaN (forward and gradient)."""
+    if _every_row_has_a_key(logits):
+        # exp(-inf - max) = 0 beside a real logit, and the softmax gradient
+        # there is 0 * (...) = 0: the same values as below, two passes fewer
+        # (and two in the backward).
+        return torch.softmax(logits, dim=-1)
     # -inf -> NEG: exp(NEG - max) is exactly 0 beside any real logit, and a
     # row of NEG alone is finite (uniform, then zeroed), where -inf gives NaN.
     return torch.softmax(logits.clamp_min(NEG), dim=-1) * _rows_with_keys(logits)
@@ -110,7 +149,7 @@ def gumbel_softmax_probs(logits: Tensor, *, tau: float, hard: bool, noise: Tenso
         tau: the temperature, > 0.
         hard: straight-through: the forward value is one-hot(argmax_j (L + G))
             exactly, the gradient is the relaxed sample's.
-        noise: G, broadcastable to ``logits`` (float32 Gumbel noise).
+        noise: G, broadcastable to ``logits`` (float32 Gumbel noise); not changed.
 
     Returns:
         S in float32 (float64 for float64 logits): exactly 0 at -inf keys,
@@ -120,18 +159,82 @@ def gumbel_softmax_probs(logits: Tensor, *, tau: float, hard: bool, noise: Tenso
     # log_softmax(L) = L - logsumexp(L) shifts a whole row by one constant,
     # and softmax is shift-invariant: softmax((L + G) / tau) is the same
     # sample, one pass over T x T fewer.
-    y = (logits + noise.to(logits.dtype)) / tau
-    soft = softmax_probs(y)
+    y = logits + noise.to(logits.dtype)  # L + G: a new tensor, so the division may act in place
+    if tau != 1.0:  # (the thesis's tau = 1 needs no pass)
+        y = y.div_(tau)  # (L + G) / tau
+    soft = softmax_probs(y)  # S = softmax((L + G) / tau)
     if not hard:
         return soft
     # one_hot + (soft - soft.detach()) is exactly one_hot in the forward
     # (x - x = 0), and its gradient is soft's.
-    return _one_hot_argmax(y) + (soft - soft.detach())
+    return _one_hot_argmax(y.detach()) + (soft - soft.detach())
 
 
 def _one_hot_argmax(y: Tensor) -> Tensor:
     index = y.argmax(dim=-1, keepdim=True)  # first maximum: ties go to the lowest index
-    return torch.zeros_like(y).scatter_(-1, index, 1.0) * _rows_with_keys(y)
+    one_hot = torch.zeros_like(y).scatter_(-1, index, 1.0)
+    return one_hot if _every_row_has_a_key(y) else one_hot * _rows_with_keys(y)
+
+
+class _RelaxedSampleFromProbs(torch.autograd.Function):
+    """S = softmax(L + G) from A = softmax(L) and E = exp(-G), written into
+    E's buffer (see ``gumbel_softmax_from_probs``); the gradient is the
+    softmax's, w.r.t. L."""
+
+    @staticmethod
+    def forward(ctx, logits, probs, exponential):
+        s = torch.div(probs, exponential, out=exponential)  # A_j e^{G_j} = A_j / E_j
+        total = s.sum(dim=-1, keepdim=True)
+        s.mul_(total.reciprocal_())  # S_j = A_j e^{G_j} / sum_k A_k e^{G_k} = softmax(L + G)_j
+        if bool(total.isnan().any()):
+            # softmax of a row of -inf (no allowed key) is NaN: S is 0 there,
+            # as gumbel_softmax_probs gives (NaN logits stay NaN)
+            s.masked_fill_(logits.amax(dim=-1, keepdim=True) == float("-inf"), 0.0)
+        ctx.mark_dirty(exponential)
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        # dL = S * (dS - sum_j S_j dS_j): softmax's backward at its output S
+        return torch._softmax_backward_data(grad, s, -1, s.dtype), None, None
+
+
+def gumbel_softmax_from_probs(logits: Tensor, probs: Tensor, exponential: Tensor) -> Tensor:
+    """The relaxed sample at tau = 1, S = softmax(L + G) (Section 3.3), from
+    the caller's A = softmax(L) and E = exp(-G) ~ Exp(1):
+
+        softmax(L + G)_j = A_j e^{G_j} / sum_k A_k e^{G_k} = (A_j / E_j) / sum_k (A_k / E_k),
+
+    which spares the second log of the noise and the row maxima and
+    exponentials of a second softmax. The gradient flows to ``logits`` (the
+    softmax's, at S); none to ``probs`` or ``exponential``.
+
+    Args:
+        logits: (..., T_k) L, -inf at forbidden keys.
+        probs: softmax(L) of these logits (the two-stream controller's A),
+            same shape; NaN in rows without an allowed key, as torch's softmax gives.
+        exponential: E > 0, ``probs``' shape (``exponential_noise``); not changed.
+
+    Returns:
+        S in ``probs``' dtype: exactly 0 where A is 0; rows with no allowed
+        key are all 0. Equal to ``gumbel_softmax_probs(logits, tau=1,
+        hard=False, noise=-log E)`` up to rounding, except where A_j
+        underflows to 0 while S_j would be below about 1e-30.
+    """
+    return _sample_from_probs_(logits, probs, exponential.to(probs.dtype, copy=True))
+
+
+def _sample_from_probs_(logits: Tensor, probs: Tensor, exponential: Tensor) -> Tensor:
+    """``gumbel_softmax_from_probs`` writing S into ``exponential``'s buffer
+    (one T x T allocation fewer): for noise the caller drew for this call."""
+    if exponential.shape != probs.shape:
+        raise ValueError(f"exponential noise of shape {tuple(exponential.shape)} for probabilities of shape "
+                         f"{tuple(probs.shape)}: draw it in the probabilities' shape")
+    # detach(): a tensor of its own (not a view of the noise's bit buffer), so it may be marked dirty
+    return _RelaxedSampleFromProbs.apply(logits, probs.detach(), exponential.to(probs.dtype).detach())
 
 
 def argmax_one_hot(logits: Tensor) -> Tensor:
@@ -174,13 +277,14 @@ def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: floa
         m = noise.to(dtype, copy=True)  # the caller's noise stays as it was
     if tau != 1.0:  # (the thesis's tau = 1 needs no pass)
         m.div_(tau)
+    # Forbidden keys get a finite lowest value (NEG, or half precision's
+    # lowest) instead of -inf, so a row with no allowed key stays finite.
+    low = max(NEG, torch.finfo(q.dtype).min)
     if attn_mask is not None:
-        m = m + attn_mask.to(dtype) / tau
+        m = m.add_(attn_mask.to(dtype) / tau).clamp_min_(low)  # (G + attn_mask) / tau
     if key_padding_mask is not None:
-        m.masked_fill_(key_padding_mask.bool()[:, None, None, :], float("-inf"))
-    # -inf -> a finite lowest value (NEG, or half precision's lowest): a row
-    # with no allowed key stays finite
-    m = m.clamp_min_(max(NEG, torch.finfo(q.dtype).min)).to(q.dtype)
+        m.masked_fill_(key_padding_mask.bool()[:, None, None, :], low)
+    m = m.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale / tau)
 
 
@@ -211,7 +315,7 @@ def discrete_probs(scores: Tensor, *, key_padding_mask: Optional[Tensor] = None,
                    training: bool = True, noise: Optional[Tensor] = None,
                    generator: Optional[torch.Generator] = None, sampler: str = "gumbel",
                    scheme: str = "unas", query_padding_mask: Optional[Tensor] = None,
-                   sinkhorn_iters: int = 1) -> Tensor:
+                   sinkhorn_iters: int = 1, probs: Optional[Tensor] = None) -> Tensor:
     """The attention S (B, H, T_q, T_k) a discrete model multiplies V with.
 
     training: the relaxed sample ``gumbel_softmax_probs`` with ``noise`` (fresh
@@ -222,6 +326,11 @@ def discrete_probs(scores: Tensor, *, key_padding_mask: Optional[Tensor] = None,
     distribution (``distribution_logits``); ``query_padding_mask`` is used
     by 'dnas' only (its column normalization). float32 (float64 for float64
     scores); callers cast.
+
+    ``probs``: A = softmax(L) of the same masked logits, when the caller has
+    computed it (the two-stream controller). The relaxed sample at tau = 1
+    ('unas', not hard) is then computed from it (``gumbel_softmax_from_probs``),
+    with the same noise draws; elsewhere it is not used.
     """
     logits = distribution_logits(scores, scheme=scheme, key_padding_mask=key_padding_mask,
                                  attn_mask=attn_mask, query_padding_mask=query_padding_mask,
@@ -232,6 +341,13 @@ def discrete_probs(scores: Tensor, *, key_padding_mask: Optional[Tensor] = None,
         raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
     if not training:
         return argmax_one_hot(logits)
+    if probs is not None and scheme == "unas" and tau == 1.0 and not hard and logits.device.type == "cpu":
+        # (measured on the CPU only; elsewhere the empty-row check in it would be a host synchronization)
+        if noise is None:
+            e = exponential_noise(logits.shape, device=logits.device, generator=generator)
+        else:
+            e = noise.to(logits.dtype).neg().exp().expand(logits.shape).contiguous()  # E = exp(-G), a new tensor
+        return _sample_from_probs_(logits, probs, e)
     if noise is None:
         noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
     return gumbel_softmax_probs(logits, tau=tau, hard=hard, noise=noise)

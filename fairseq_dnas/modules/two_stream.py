@@ -170,7 +170,8 @@ class TwoStreamAttention(MultiheadAttention):
         k, v, vm = self._keys_and_values(key, model_key, incremental_state, static_kv)
         logits = attention_logits(q, k)  # L
         scores = masked_scores(logits, key_padding_mask, attn_mask)  # -inf at padded/future keys
-        probs = F.softmax(scores, dim=-1).to(q.dtype)  # A = softmax(L)
+        a = F.softmax(scores, dim=-1)  # A = softmax(L), in the scores' dtype
+        probs = a.to(q.dtype)
         dropped = self.dropout_module(probs)
         g_out = self.out_proj(merge_heads(torch.matmul(dropped, v)))  # W_o^g A v
         if self.sampler == "soft":
@@ -183,6 +184,7 @@ class TwoStreamAttention(MultiheadAttention):
                 attn_mask=attn_mask if dnas else None, query_padding_mask=query_padding_mask,
                 tau=self.gumbel_temperature, hard=self.gumbel_hard, training=self.training,
                 sampler=self.sampler, scheme=self.scheme, sinkhorn_iters=self.sinkhorn_iters,
+                probs=None if dnas else a,  # softmax(L + G) from A where it can (tau = 1)
             ).to(q.dtype)
         if self.keep_sample:
             self.kept_sample = sample  # (B, H, T_q, T_k), for the receptive-field penalty
