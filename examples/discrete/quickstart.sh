@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The discrete-attention experiments end to end in a few CPU minutes, on
-# slices of the real data, each discrete model beside its soft twin, one
-# seed: a smoke run that shows the chain runs and learns, not a result
-# (the tables are table61.sh's and table62.sh's, README.md):
+# The discrete-attention experiments end to end in a few CPU minutes on the
+# real data (small models, short training, the first test2016 pairs), each
+# discrete model beside its soft twin, one seed: a smoke run that shows the
+# chain runs and learns, not a result (the tables are table61.sh's and
+# table62.sh's, README.md):
 #
 # 1. classification (the Table 6.1 form): SST in Jain & Wallace's split ->
 #    roberta and roberta_discrete (two-stream, discrete), CLASSIFY_LAYERS
@@ -10,7 +11,7 @@
 #    scratch -> accuracy and tau on the 1,821 test sentences (classify.sh,
 #    faithfulness_table.py);
 # 2. translation and streams (the Table 6.2 and 6.4 forms): Multi30k
-#    English -> German (the first TRAIN_PAIRS training pairs) -> a
+#    English -> German (all 29,000 training pairs, or the first TRAIN_PAIRS) -> a
 #    transformer and a transformer_discrete (SIZE=mini) -> BLEU and chrF on
 #    the first TEST_PAIRS test2016 pairs, tau of the encoder and cross
 #    attention, the CoNLL-2000 probe per stream, the t-SNE picture
