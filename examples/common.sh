@@ -415,17 +415,18 @@ collect_hypotheses() {
 
 # ------------------------------------------------------------ preparing data
 
-# check_settings_file OUT SETTINGS: OUT/settings.txt keeps the settings a
-# prepared folder was made with; dies (saying both) when they differ from
-# SETTINGS, so that a changed setting never mixes old and new outputs; writes
-# the file when OUT has none.
+# check_settings_file OUT SETTINGS [NAME]: OUT/settings.txt keeps the
+# settings a prepared folder was made with; dies (saying both, and to set
+# NAME, default OUT_DIR, to another folder) when they differ from SETTINGS,
+# so that a changed setting never mixes old and new outputs; writes the file
+# when OUT has none.
 check_settings_file() {
-  local out="$1" settings="$2"
+  local out="$1" settings="$2" name="${3:-OUT_DIR}"
   if [ -f "$out/settings.txt" ]; then
     [ "$(cat "$out/settings.txt")" = "$settings" ] || die "$out was prepared with other settings:
   before: $(cat "$out/settings.txt")
   now:    $settings
-Use another OUT_DIR, or delete $out to start over."
+Use another $name, or delete $out to start over."
   else
     echo "$settings" > "$out/settings.txt"
   fi

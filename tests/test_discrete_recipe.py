@@ -159,16 +159,34 @@ def test_table62_refuses_a_missing_data_folder_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+# Learning floors of the quickstart's smoke run (its defaults, one seed),
+# far above what a model that learned nothing reaches; measured 2026-11-27
+# (docs/results/2026-11-27-cpu-discrete-quickstart.md): SST accuracy 78.7
+# (roberta) and 75.9 (roberta_discrete), chance 50 (49.9 measured for the
+# earlier 100-update setting); BLEU 4.18 and 3.90, chrF 21.9 and 20.5,
+# where the earlier 60-update models scored BLEU 0.00 and 0.24, chrF 3.9
+# and 12.1.
+QUICKSTART_SST_FLOOR = 65.0
+QUICKSTART_BLEU_FLOOR = 1.5
+QUICKSTART_CHRF_FLOOR = 15.0
+
+
 @pytest.mark.full
 def test_quickstart_on_the_real_data(sst_binary_dir, multi30k_dir, conll2000_dir, tmp_path):
-    """examples/discrete/quickstart.sh chained on real data: the SST row, the
-    translation table with both streams of the two-stream model, the pictures
-    and the side-by-side neighbours."""
+    """examples/discrete/quickstart.sh chained on real data: the SST rows of
+    the soft and the discrete encoder, the translation table with both
+    streams of the two-stream model, the pictures and the side-by-side
+    neighbours; progress on the console, one seed printed without a
+    standard error, and every model above a floor that an untrained one
+    cannot reach."""
     env = {**os.environ, "SST_BINARY_DIR": sst_binary_dir, "MULTI30K_DIR": multi30k_dir,
            "CONLL2000_DIR": conll2000_dir, "WORK_DIR": str(tmp_path / "qs")}
     proc = subprocess.run(["bash", QUICKSTART], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| roberta_discrete |" in proc.stdout
+    for row in ("| sst | roberta | 1 |", "| sst | roberta_discrete | 1 |"):
+        assert row in proc.stdout
+    assert "smoke run" in proc.stdout and "table61.sh" in proc.stdout and "table62.sh" in proc.stdout
+    assert "+-" not in proc.stdout  # one seed: the mean alone, no standard error (no "+- nan")
     table = (tmp_path / "qs" / "translation" / "table.md").read_text()
     for row in ("| transformer | 1 |", "| transformer_discrete | 1 |", "| baseline | - |",
                 "| transformer | encoder | 1 |", "| transformer_discrete | model | 1 |",
@@ -180,3 +198,21 @@ def test_quickstart_on_the_real_data(sst_binary_dir, multi30k_dir, conll2000_dir
     rows = [json.loads(line) for line in open(tmp_path / "qs" / "translation" / "runs" / "transformer_discrete-seed1"
                                               / "faithfulness.jsonl")]
     assert len(rows) == 100 and all(r["hypothesis"][-1] == 2 for r in rows)
+    # Progress on the console while each model trains and translates (the
+    # full output stays in the step logs): a line before the last update.
+    for arch in ("roberta", "roberta_discrete", "transformer", "transformer_discrete"):
+        assert f"{arch} (" in proc.stderr
+    assert "[train] update 150/300 (50%) loss " in proc.stderr, proc.stderr[-3000:]
+    assert "[train] update 100/200 (50%) loss " in proc.stderr, proc.stderr[-3000:]
+    assert "[generate] 100/100 sentences (100%)" in proc.stderr, proc.stderr[-3000:]
+    assert "INFO" not in proc.stderr and "INFO" in (tmp_path / "qs" / "translation.log").read_text()
+    # Learning, not chance.
+    for arch in ("roberta", "roberta_discrete"):
+        with open(tmp_path / "qs" / "sst" / f"{arch}-seed1" / "summary-grad.json") as f:
+            accuracy = 100 * json.load(f)["accuracy"]
+        assert accuracy >= QUICKSTART_SST_FLOOR, f"{arch}: SST accuracy {accuracy:.1f} < {QUICKSTART_SST_FLOOR}"
+    for arch in ("transformer", "transformer_discrete"):
+        with open(tmp_path / "qs" / "translation" / "runs" / f"{arch}-seed1" / "test.bleu.json") as f:
+            scores = json.load(f)
+        bleu, chrf = scores["bleu"]["score"], scores["chrf"]["score"]
+        assert bleu >= QUICKSTART_BLEU_FLOOR and chrf >= QUICKSTART_CHRF_FLOOR, f"{arch}: BLEU {bleu:.2f}, chrF {chrf:.1f}"
