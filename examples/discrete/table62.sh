@@ -98,8 +98,14 @@ for arch in $ARCHS; do
   for seed in $SEEDS; do MODELS+=("$arch-seed$seed=$OUT/runs/$arch-seed$seed/checkpoint_best.pt"); done
   PICTURES+=("$arch-seed$PICTURE_SEED")
 done
-if [ -s "$OUT/streams/probe.jsonl" ] && [ "$(wc -l < "$OUT/streams/probe.jsonl")" -eq $(( ${#MODELS[@]} + 1 )) ] \
-    && [ -z "$(find "$OUT/runs" -name checkpoint_best.pt -newer "$OUT/streams/probe.jsonl")" ]; then
+# probed_all: every model has a row in probe.jsonl (a two-stream model has
+# two, one per stream, so the rows are matched by name, not counted).
+probed_all() {
+  [ -s "$OUT/streams/probe.jsonl" ] || return 1
+  local m
+  for m in "${MODELS[@]}"; do grep -qF "\"model\": \"${m%%=*}\"" "$OUT/streams/probe.jsonl" || return 1; done
+}
+if probed_all && [ -z "$(find "$OUT/runs" -name checkpoint_best.pt -newer "$OUT/streams/probe.jsonl")" ]; then
   say "3/4 stream analysis: done already ($OUT/streams)"
 else
   say "3/4 stream analysis of ${#MODELS[@]} encoders on CoNLL-2000 (probe; t-SNE and neighbours of embeddings and final states) -> $OUT/streams"
