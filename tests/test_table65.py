@@ -117,6 +117,16 @@ def test_driver_end_to_end_tiny(tmp_path):
     again = subprocess.run(["bash", DRIVER], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "multiview seed 1 done" in again.stderr
     assert "3/5" not in again.stderr and (out / "table.md").read_text().splitlines() == rows
+    # A finished training is not resumed (fairseq, resumed at --max-update,
+    # takes one more update): only the predictions are made again.
+    (out / "multiview-seed1" / "predictions.json").unlink()
+    redo = subprocess.run(["bash", DRIVER], env=env, capture_output=True, text=True, timeout=600)
+    assert redo.returncode == 0 and "multiview seed 1: trained already" in redo.stderr, redo.stderr[-3000:]
+    import torch
+
+    state = torch.load(out / "multiview-seed1" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["optimizer_history"][-1]["num_updates"] == 2
+    assert (out / "table.md").read_text().splitlines() == rows
     # An unfinished run is not resumed under another schedule.
     (out / "multiview-seed1" / "predictions.json").unlink()
     changed = subprocess.run(["bash", DRIVER], env={**env, "MAX_UPDATE": "3"}, capture_output=True, text=True,

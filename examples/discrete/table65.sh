@@ -25,7 +25,8 @@
 #    the log (training accuracy), not used to pick a checkpoint;
 # 3. OUT/MODEL-seedS: fairseq-train, MAX_UPDATE updates of BATCH expressions;
 #    the last checkpoint is the one scored (an unfinished run resumed with
-#    other training settings is refused: OUT/MODEL-seedS/settings.txt);
+#    other training settings is refused: OUT/MODEL-seedS/settings.txt; a
+#    finished one, marked by OUT/MODEL-seedS/trained, is not trained again);
 # 4. OUT/MODEL-seedS/predictions.json (examples/discrete/arithmetic_eval.py);
 # 5. OUT/table.md.
 # The defaults (ARCH_SIZE=thesis with LAYERS=2, 30,000 updates of 32 at a
@@ -161,7 +162,14 @@ for item in "${RUNS[@]}"; do
     --save-interval-updates "$VALIDATE_INTERVAL" --save-interval 1000000 --keep-interval-updates 1
     --no-epoch-checkpoints --save-dir "$RUN" --log-format simple --log-interval "$LOG_INTERVAL" --cpu)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-  run_fairseq_train "$RUN" "$MAX_UPDATE" "$PYTHON" -m fairseq_dnas.recipes.run_fairseq train "${ARGS[@]}"
+  # RUN/trained marks a finished training: fairseq resumed from a checkpoint
+  # at --max-update still takes one more update before it stops.
+  if [ -f "$RUN/trained" ]; then
+    say "$model seed $seed: trained already ($RUN/trained marks it)"
+  else
+    run_fairseq_train "$RUN" "$MAX_UPDATE" "$PYTHON" -m fairseq_dnas.recipes.run_fairseq train "${ARGS[@]}"
+    date -u +%FT%TZ > "$RUN/trained"
+  fi
   say "4/5 predictions of $model seed $seed on the $N_TEST test expressions"
   "$PYTHON" "$HERE/arithmetic_eval.py" "$RUN/checkpoint_last.pt" --data "$BIN/$model" --views "$views" \
     --out "$RUN/predictions.json" || exit 1
