@@ -33,6 +33,7 @@ import os
 import re
 import sys
 
+from fairseq_dnas.analysis.files import write_text
 from fairseq_dnas.stats import mean_se_cell
 
 FORMS = ("grad", "grad-x-input")
@@ -118,17 +119,11 @@ def row_markdown(row):
     return "\n".join([head, "|" + " --- |" * len(cells), "| " + " | ".join(cells) + " |"]) + "\n"
 
 
-def atomic_write(path, text):
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def write_row(run):
     row = run_row(run)
-    atomic_write(os.path.join(run, "row.json"), json.dumps(row, indent=1) + "\n")
+    write_text(os.path.join(run, "row.json"), json.dumps(row, indent=1) + "\n")
     text = row_markdown(row)
-    atomic_write(os.path.join(run, "row.md"), text)  # last: table61.sh counts a run done by it
+    write_text(os.path.join(run, "row.md"), text)  # last: table61.sh counts a run done by it
     return text
 
 
@@ -243,7 +238,7 @@ def main(argv=None):
             return fail(f"{item!r}: give NAME=FOLDER with an existing folder")
         datasets.append((name, folder))
     text = table(datasets)
-    atomic_write(args.out, text)
+    write_text(args.out, text)
     print(text, end="")
     return 0
 

@@ -45,6 +45,12 @@ def write_csv(path, rows, fieldnames):
                 writer.writerow(row)
 
 
+def write_text(path, text):
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
 def write_json(path, obj):
     with atomic_path(path) as tmp:
         with open(tmp, "w") as f:
