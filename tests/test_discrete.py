@@ -434,6 +434,33 @@ def test_uniform_float32_is_uniform_on_the_23_bit_grid():
     assert D.uniform_float32((2, 0, 3)).shape == (2, 0, 3) and D.uniform_float32(()).shape == ()
 
 
+def test_cpu_noise_follows_torchs_seed_and_advances_its_generator():
+    """The CPU bits come from NumPy's SFC64, seeded by one draw of torch's
+    generator: torch.manual_seed (what fairseq's seeding sets) reproduces the
+    noise, consecutive draws differ, and the generator state moves on by that
+    one draw whatever the noise's size."""
+    torch.manual_seed(5)
+    first, second = D.exponential_noise((4, 9)), D.exponential_noise((4, 9))
+    torch.manual_seed(5)
+    assert torch.equal(D.exponential_noise((4, 9)), first)
+    assert torch.equal(D.exponential_noise((4, 9)), second) and not torch.equal(first, second)
+    # one torch draw a call, whatever the shape: the next torch draw is the same
+    after = []
+    for shape in ((3,), (1000, 7)):
+        torch.manual_seed(5)
+        D.uniform_float32(shape)
+        after.append(torch.randint(0, 2 ** 62, (1,)).item())
+    assert after[0] == after[1]
+    # an explicit generator is used, and the default one is left alone
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    D.uniform_float32((10,), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.get_rng_state(), state)
+    # the values of one call do not depend on how its size splits into dimensions
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(D.uniform_float32((6, 5), generator=g1).flatten(), D.uniform_float32((30,), generator=g2))
+
+
 def test_exponential_noise_is_exp1_and_the_draws_of_gumbel_noise():
     n = 200_000
     e = D.exponential_noise((n,), generator=torch.Generator().manual_seed(1))

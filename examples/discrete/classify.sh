@@ -19,7 +19,8 @@
 #    (PRETRAINED=none), the thesis's size by default (6 layers, 64 wide,
 #    FFN 128, 4 heads), trained to patience: the dev accuracy is taken every
 #    VALIDATE_INTERVAL updates, training stops after PATIENCE validations in
-#    a row without a better one (fairseq's --patience; PATIENCE=0: never) or
+#    a row without a better one (fairseq's --patience; PATIENCE=0: never;
+#    a resumed run keeps its count, fairseq_dnas/fairseq_patches/exact_resume.py) or
 #    at MAX_UPDATE, whichever comes first, and the best dev checkpoint is kept
 #    -> OUT/ARCH-seedSEED/checkpoint_best.pt (and checkpoint_last.pt; the
 #    interval checkpoints are deleted once training is done);

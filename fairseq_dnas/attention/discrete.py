@@ -26,6 +26,7 @@ uniform clamped to [tiny, 1 - eps] of float32, so it lies in about
 import math
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -60,13 +61,26 @@ def uniform_float32(shape, *, generator: Optional[torch.Generator] = None) -> Te
     [0, 2^23): 23 random bits as the mantissa of a float in [1, 2), minus 1
     (JAX's ``random.uniform`` does the same).
 
-    The bits come from one ``random_`` call on int64 (63 uniform bits a
-    value, two 32-bit words, 23 bits taken from each): torch's CPU
-    ``uniform_`` makes a distribution object per element and costs more
-    (docs/results/2026-11-27-cpu-gumbel-speed.md).
+    The bits come from NumPy's SFC64 generator (``random_raw``: 64 bits a
+    value, two 32-bit words, 23 bits taken from each), seeded for each call
+    with one 63-bit draw of torch's generator (``generator``, or torch's
+    default CPU generator): ``torch.manual_seed`` and fairseq's seeding
+    reproduce the noise, and each call advances torch's generator state, so
+    the next call draws other noise. Why not torch's own bits: its CPU
+    ``random_`` on int64 (MT19937) costs twice SFC64's ``random_raw``, and
+    ``uniform_`` more (docs/results/2026-11-27-cpu-gumbel-speed.md,
+    docs/results/2026-11-27-cpu-noise-sfc64.md). SFC64 (Chris
+    Doty-Humphrey's Small Fast Chaotic generator, 256 bits of state with a
+    64-bit counter) is one of NumPy's documented bit generators; NumPy seeds
+    it through its ``SeedSequence``, so neighbouring seeds give unrelated
+    streams, and its documented compatibility guarantee keeps a fixed seed's
+    stream the same across NumPy versions.
     """
     n = math.prod(shape)
-    words = torch.empty((n + 1) // 2, dtype=torch.int64).random_(generator=generator).view(torch.int32)[:n]
+    seed = int(torch.randint(0, 2 ** 63 - 1, (), dtype=torch.int64, generator=generator))
+    # (at least one word: NumPy gives an empty array stride 0, which torch cannot view as int32)
+    raw = np.random.SFC64(seed).random_raw(max(1, (n + 1) // 2)).view(np.int64)  # uint64 bits read as int64
+    words = torch.from_numpy(raw).view(torch.int32)[:n]
     mantissa = words.bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)  # bits of 1 + k 2^-23, k < 2^23
     return mantissa.view(torch.float32).sub_(1.0).view(shape)  # exact: k 2^-23 in [0, 1 - 2^-23]
 

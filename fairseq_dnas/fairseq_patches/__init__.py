@@ -86,10 +86,11 @@ PATCHES = (
     Patch(
         "exact_resume",
         ("fairseq.trainer.Trainer.get_train_iterator", "fairseq.trainer.Trainer.lr_step",
-         "fairseq.trainer.Trainer.load_checkpoint"),
-        "a run resumed in epoch >= 2 rebuilds its batches with another seed, and one resumed at an "
-        "epoch's end steps the scheduler without the validation loss; both now do what the run left "
-        "alone did (applies to every architecture, plain transformer included)",
+         "fairseq.trainer.Trainer.load_checkpoint", "fairseq.trainer.Trainer.save_checkpoint"),
+        "a run resumed in epoch >= 2 rebuilds its batches with another seed, one resumed at an "
+        "epoch's end steps the scheduler without the validation loss, and a resumed run counts "
+        "--patience from zero again (the count is in no checkpoint); all three now do what the run "
+        "left alone did (applies to every architecture, plain transformer included)",
         "exact_resume:install",
     ),
     Patch(

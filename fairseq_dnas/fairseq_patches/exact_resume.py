@@ -36,9 +36,26 @@ epoch 2, parameters bitwise equal), and a scheduler that acts on validation
 ``lr_step(k, val_loss)``, with the loss fairseq itself stores in the
 checkpoint (``extra_state["val_loss"]``). A checkpoint from inside an epoch
 keeps fairseq's call.
+
+A third: ``--patience``. ``fairseq_cli/train.py`` counts the validations
+without a better score in attributes of its function ``should_stop_early``
+(``best``, ``num_runs``), which no checkpoint holds, so a resumed run started
+counting again from its first validation: it trained up to ``patience``
+validations longer than the run left alone, and a first validation worse than
+the best so far became the new reference. ``install()`` also wraps
+``Trainer.save_checkpoint`` to store the count in the checkpoint's
+``extra_state`` (key ``PATIENCE_KEY``), and this patch's layer of
+``load_checkpoint`` sets it back, under fairseq's own rule for the best score
+(``checkpoint_utils.save_checkpoint.best``: not with ``--reset-optimizer`` or
+``--reset-meters``). A checkpoint without the key (written without this
+patch) leaves fairseq's fresh count. A run that stopped early and is started
+again still trains until its next validation before it stops: fairseq checks
+patience only there.
 """
 
 import logging
+import os
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +80,53 @@ def lr_step_of_uninterrupted_run(extra_state, epoch):
     return epoch - 1, extra_state.get("val_loss")  # fairseq_cli/train.py: lr_step(epoch, valid_losses[0])
 
 
+# extra_state key of the patience count (fairseq's own keys have no prefix)
+PATIENCE_KEY = "fairseq_dnas_should_stop_early"
+
+
+def _should_stop_early_functions() -> list:
+    """fairseq_cli/train.py's ``should_stop_early`` where this process has
+    it: in the module ``fairseq-train`` (and ``run_fairseq``) import, and in
+    ``__main__`` under ``python -m fairseq_cli.train``."""
+    found = []
+    for name in ("fairseq_cli.train", "__main__"):
+        function = getattr(sys.modules.get(name), "should_stop_early", None)
+        code = getattr(function, "__code__", None)
+        if code is not None and code.co_filename.endswith(os.path.join("fairseq_cli", "train.py")) \
+                and function not in found:
+            found.append(function)
+    return found
+
+
+def patience_state():
+    """``{"best": ..., "num_runs": ...}``: fairseq's count of validations
+    without a better score, or None before the first validation (or
+    without ``--patience``, where fairseq keeps no count)."""
+    for function in _should_stop_early_functions():
+        if getattr(function, "best", None) is not None:
+            return {"best": function.best, "num_runs": getattr(function, "num_runs", 0)}
+    return None
+
+
+def restore_patience_state(state) -> bool:
+    """Set fairseq's patience count to ``state`` (``patience_state``'s
+    form); False where this process has no ``should_stop_early``."""
+    functions = _should_stop_early_functions()
+    for function in functions:
+        function.best, function.num_runs = state["best"], state["num_runs"]
+    return bool(functions)
+
+
 def install() -> None:
-    """Wrap ``fairseq.trainer.Trainer.get_train_iterator`` and ``lr_step``,
-    and add this patch's layer to ``Trainer.load_checkpoint`` (idempotent)."""
+    """Wrap ``fairseq.trainer.Trainer.get_train_iterator``, ``lr_step`` and
+    ``save_checkpoint``, and add this patch's layer to
+    ``Trainer.load_checkpoint`` (idempotent)."""
     from fairseq import trainer as trainer_module
 
     from fairseq_dnas.fairseq_patches import is_patched, mark
 
     _install_lr_step_on_load(trainer_module.Trainer)
+    _install_patience_on_save(trainer_module.Trainer)
     if is_patched(trainer_module.Trainer.get_train_iterator):
         return
     get_train_iterator = trainer_module.Trainer.get_train_iterator
@@ -120,9 +176,39 @@ def _install_lr_step_on_load(trainer_class) -> None:
     add_load_checkpoint_layer(trainer_class, "exact_resume", _load_checkpoint_as_uninterrupted)
 
 
+def _install_patience_on_save(trainer_class) -> None:
+    """``save_checkpoint(filename, extra_state)`` with the patience count
+    added to ``extra_state`` (idempotent)."""
+    from fairseq_dnas.fairseq_patches import is_patched, mark
+
+    if is_patched(trainer_class.save_checkpoint):
+        return
+    save_checkpoint = trainer_class.save_checkpoint
+
+    def save_checkpoint_with_patience(self, filename, extra_state):
+        state = patience_state()
+        if state is not None:
+            extra_state = {**extra_state, PATIENCE_KEY: state}
+        return save_checkpoint(self, filename, extra_state)
+
+    save_checkpoint_with_patience.__wrapped__ = save_checkpoint
+    save_checkpoint_with_patience.__doc__ = save_checkpoint.__doc__
+    trainer_class.save_checkpoint = mark(save_checkpoint_with_patience, "exact_resume")
+
+
+def _load_resets_meters(args, kwargs) -> bool:
+    """Whether ``load_checkpoint(filename, reset_optimizer, reset_lr_scheduler,
+    optimizer_overrides, reset_meters)`` was called with --reset-optimizer or
+    --reset-meters (fairseq's rule for restoring the best score)."""
+    reset_optimizer = args[1] if len(args) > 1 else kwargs.get("reset_optimizer", False)
+    reset_meters = args[4] if len(args) > 4 else kwargs.get("reset_meters", False)
+    return bool(reset_optimizer or reset_meters)
+
+
 def _load_checkpoint_as_uninterrupted(load, trainer, *args, **kwargs):
     """The layer of ``Trainer.load_checkpoint``: ``load`` with the scheduler
-    steps it makes held back, then made as the uninterrupted run made them."""
+    steps it makes held back, then made as the uninterrupted run made them;
+    fairseq's patience count set back to the checkpoint's."""
     trainer._dnas_held_lr_steps = []
     try:
         extra_state = load(*args, **kwargs)
@@ -136,4 +222,8 @@ def _load_checkpoint_as_uninterrupted(load, trainer, *args, **kwargs):
                             f"its validation loss {val_loss:.4g}, like the run left alone "
                             "(fairseq_dnas.fairseq_patches.exact_resume)")
         trainer.lr_step(epoch, val_loss)  # no load in progress now: the wrapper passes it through
+    state = (extra_state or {}).get(PATIENCE_KEY)
+    if state is not None and not _load_resets_meters(args, kwargs) and restore_patience_state(state):
+        logger.info(f"patience: best validation score {state['best']:.6g}, {state['num_runs']} validation(s) "
+                    "since without a better one, like the run left alone (fairseq_dnas.fairseq_patches.exact_resume)")
     return extra_state
