@@ -195,11 +195,11 @@ def _plain_args(data_bin, arch, save_dir, max_update, dropout="0.2"):
             "--save-dir", str(save_dir), "--cpu", "--log-format", "simple", "--log-interval", "1"]
 
 
-def _plain_train(data_bin, arch, save_dir, max_update, dropout="0.2", user_dir=None):
-    args = _plain_args(data_bin, arch, save_dir, max_update, dropout)
+def _plain_train(data_bin, arch, save_dir, max_update, dropout="0.2", user_dir=None, extra=(), env=None):
+    args = [*_plain_args(data_bin, arch, save_dir, max_update, dropout), *extra]
     if user_dir:  # another plugin (it imports fairseq_dnas itself)
         args[args.index("--user-dir") + 1] = user_dir
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, **(env or {})}
     proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *args], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -285,11 +285,7 @@ PATIENCE = ["--validate-interval-updates", "3", "--patience", "3", "--best-check
 
 
 def _patience_train(data_bin, save_dir, max_update, env=None):
-    args = [*_plain_args(data_bin, "transformer", save_dir, max_update), *PATIENCE]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, **(env or {})}
-    proc = subprocess.run([os.path.join(BIN, "fairseq-train"), *args], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    proc = _plain_train(data_bin, "transformer", save_dir, max_update, extra=PATIENCE, env=env)
     return proc, _state(save_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"]
 
 

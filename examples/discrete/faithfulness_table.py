@@ -33,7 +33,7 @@ import os
 import re
 import sys
 
-from fairseq_dnas.analysis.files import write_text
+from fairseq_dnas.analysis.files import write_json, write_text
 from fairseq_dnas.stats import mean_se_cell
 
 FORMS = ("grad", "grad-x-input")
@@ -121,7 +121,7 @@ def row_markdown(row):
 
 def write_row(run):
     row = run_row(run)
-    write_text(os.path.join(run, "row.json"), json.dumps(row, indent=1) + "\n")
+    write_json(os.path.join(run, "row.json"), row)
     text = row_markdown(row)
     write_text(os.path.join(run, "row.md"), text)  # last: table61.sh counts a run done by it
     return text

@@ -52,10 +52,7 @@ def write_text(path, text):
 
 
 def write_json(path, obj):
-    with atomic_path(path) as tmp:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def save_figure(fig, path, dpi=100):

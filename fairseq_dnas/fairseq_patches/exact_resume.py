@@ -196,7 +196,7 @@ def _install_patience_on_save(trainer_class) -> None:
     trainer_class.save_checkpoint = mark(save_checkpoint_with_patience, "exact_resume")
 
 
-def _load_resets_meters(args, kwargs) -> bool:
+def _load_resets_training_state(args, kwargs) -> bool:
     """Whether ``load_checkpoint(filename, reset_optimizer, reset_lr_scheduler,
     optimizer_overrides, reset_meters)`` was called with --reset-optimizer or
     --reset-meters (fairseq's rule for restoring the best score)."""
@@ -223,7 +223,7 @@ def _load_checkpoint_as_uninterrupted(load, trainer, *args, **kwargs):
                             "(fairseq_dnas.fairseq_patches.exact_resume)")
         trainer.lr_step(epoch, val_loss)  # no load in progress now: the wrapper passes it through
     state = (extra_state or {}).get(PATIENCE_KEY)
-    if state is not None and not _load_resets_meters(args, kwargs) and restore_patience_state(state):
+    if state is not None and not _load_resets_training_state(args, kwargs) and restore_patience_state(state):
         logger.info(f"patience: best validation score {state['best']:.6g}, {state['num_runs']} validation(s) "
                     "since without a better one, like the run left alone (fairseq_dnas.fairseq_patches.exact_resume)")
     return extra_state
