@@ -181,6 +181,16 @@ def test_no_position_attends_to_the_future(tmp_path, mode):
             assert torch.equal(model(y)[0][:, : t + 1], out[:, : t + 1].detach())
 
 
+def _lm_sample(d):
+    """A batch of 4 random sentences of 10 words for a language model: </s> w_0 .. w_9 -> w_0 .. w_9 </s>."""
+    torch.manual_seed(0)
+    words = torch.randint(d.nspecial, len(d), (4, 10))
+    src = torch.cat([torch.full((4, 1), d.eos()), words], 1)
+    tgt = torch.cat([words, torch.full((4, 1), d.eos())], 1)
+    return {"id": torch.arange(4), "nsentences": 4, "ntokens": tgt.numel(),
+            "net_input": {"src_tokens": src, "src_lengths": torch.full((4,), 11)}, "target": tgt}
+
+
 def test_the_penalty_reads_a_decoder_only_lm(tmp_path):
     """cross_entropy_rf_penalty on a language model: the decoder stack is
     read, the loss gains C times the mean field size, and the penalty has a
@@ -189,13 +199,7 @@ def test_the_penalty_reads_a_decoder_only_lm(tmp_path):
 
     model, task = lm(tmp_path)
     model.train()
-    d = task.source_dictionary
-    torch.manual_seed(0)
-    words = torch.randint(d.nspecial, len(d), (4, 10))
-    src = torch.cat([torch.full((4, 1), d.eos()), words], 1)
-    tgt = torch.cat([words, torch.full((4, 1), d.eos())], 1)
-    sample = {"id": torch.arange(4), "nsentences": 4, "ntokens": tgt.numel(),
-              "net_input": {"src_tokens": src, "src_lengths": torch.full((4,), 11)}, "target": tgt}
+    sample = _lm_sample(task.source_dictionary)
     stacks = penalty_stacks(model, sample, classification=False)
     assert len(stacks) == 1 and stacks[0][0] == [layer.self_attn for layer in model.decoder.layers]
     cls = CRITERION_REGISTRY["cross_entropy_rf_penalty"]
@@ -236,3 +240,34 @@ def test_the_driver_end_to_end(tmp_path):
     again = subprocess.run(["bash", DRIVER], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("training is finished, skipping") == 2 and "data ready" in again.stderr
+
+
+def test_penalty_start_trains_on_the_base_criterion_until_that_update(tmp_path):
+    """--receptive-field-penalty-start 5: at the update counts fairseq hands
+    the model before 5 the loss is the base criterion's, bit for bit, with no
+    rf_penalty logged; from 5 on the penalty is added."""
+    from fairseq_dnas.criterions.receptive_field_penalty import CRITERION_REGISTRY
+    from fairseq_dnas.errors import BadFlag
+
+    model, task = lm(tmp_path)
+    model.train()
+    sample = _lm_sample(task.source_dictionary)
+    base = CRITERION_REGISTRY["cross_entropy"](task, sentence_avg=False)
+    late = CRITERION_REGISTRY["cross_entropy_rf_penalty"](task, base, 0.1, "final", start=5)
+    for count, on in [(0, False), (4, False), (5, True), (9, True)]:
+        model.set_num_updates(count)  # what fairseq's task.train_step does before the criterion
+        assert model.num_updates == count
+        torch.manual_seed(3)
+        loss, size, log = late(model, sample)
+        torch.manual_seed(3)
+        plain, _, _ = base(model, sample)
+        if on:
+            mean_field = log["receptive_field_penalty"] / log["rf_nsentences"]
+            assert mean_field >= 1.0
+            # the penalized path leaves the fused kernel: the same noise, other rounding
+            assert float((loss - plain).detach()) == pytest.approx(0.1 * mean_field * size, rel=1e-3)
+        else:
+            assert torch.equal(loss, plain) and "receptive_field_penalty" not in log
+    del model.num_updates  # a model that does not record the count
+    with pytest.raises(BadFlag, match="--receptive-field-penalty-start needs a model that records"):
+        late(model, sample)

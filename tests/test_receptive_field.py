@@ -530,17 +530,37 @@ def test_translation_fairseq_train_with_the_penalty(translation_data, tmp_path):
     assert "done training" in log and re.search(r"rf_penalty[ =]\d+\.\d+", log), log[-2000:]
 
 
-@pytest.mark.parametrize("arch, value", [("transformer_discrete_single_tiny", "-0.1"),
-                                         ("transformer_discrete_tiny", "nan")])
-def test_bad_penalty_through_plain_fairseq_train_gives_one_line(translation_data, tmp_path, arch, value):
+def test_penalty_start_switches_the_penalty_on_at_that_update_in_fairseq_train(translation_data, tmp_path):
+    """Through fairseq-train, one update per log line: no rf_penalty at
+    updates 1 and 2 (--receptive-field-penalty-start 2: the first two train
+    on the base criterion), rf_penalty at 3 and 4."""
+    proc = _fairseq_train(translation_data, tmp_path, "transformer_discrete_single_tiny", *PENALTY,
+                          "--criterion", "label_smoothed_cross_entropy_rf_penalty", "--label-smoothing", "0.1",
+                          "--receptive-field-penalty-start", "2", "--log-interval", "1")
+    log = proc.stdout + proc.stderr
+    lines = {int(m.group(1)): line for line in log.splitlines() if "train_inner" in line
+             for m in [re.search(r"num_updates[ =](\d+)", line)] if m}
+    assert sorted(lines) == [1, 2, 3, 4], log[-3000:]
+    assert ["rf_penalty" in lines[n] for n in (1, 2, 3, 4)] == [False, False, True, True], log[-3000:]
+
+
+@pytest.mark.parametrize("arch, flags, message", [
+    ("transformer_discrete_single_tiny", ["--receptive-field-penalty", "-0.1"],
+     "--receptive-field-penalty must be a finite number >= 0"),
+    ("transformer_discrete_tiny", ["--receptive-field-penalty", "nan"],
+     "--receptive-field-penalty must be a finite number >= 0"),
+    ("transformer_discrete_tiny", ["--receptive-field-penalty-start", "-3"],
+     "--receptive-field-penalty-start must be an update count >= 0"),
+])
+def test_bad_penalty_through_plain_fairseq_train_gives_one_line(translation_data, tmp_path, arch, flags, message):
     from test_discrete_models import _plain_train
 
     from helpers import USER_DIR
 
     proc = _plain_train(translation_data, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--optimizer", "adam",
                         "--lr", "1e-3", "--max-update", "1", "--batch-size", "8", "--save-dir", tmp_path,
-                        "--criterion", "cross_entropy_rf_penalty", "--receptive-field-penalty", value)
+                        "--criterion", "cross_entropy_rf_penalty", *flags)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--receptive-field-penalty must be a finite number >= 0" in errors[0], errors
+    assert len(errors) == 1 and message in errors[0], errors

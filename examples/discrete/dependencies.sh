@@ -34,6 +34,7 @@ SEED="${SEED:-1}"                       # training seed (fairseq --seed)
 SIZE="${SIZE:-full}"                    # full: the thesis's sizes | quick: a smoke run
 DATA_SEED="${DATA_SEED:-1}"             # the generator's seed (the data stays when SEED changes)
 PENALTY="${PENALTY:-0.1}"               # --receptive-field-penalty (the thesis: 0.1)
+PENALTY_START="${PENALTY_START:-0}"     # --receptive-field-penalty-start: the first N updates without the penalty
 RF_LAYERS="${RF_LAYERS:-final}"         # --receptive-field-layers: final (the thesis's) | all
 SOFT="${SOFT:-1}"                       # 1: also train the soft LM for comparison
 LR="${LR:-1e-3}"
@@ -59,6 +60,7 @@ check_choice RF_LAYERS final all
 check_choice SOFT 0 1
 for n in TRAIN VALID TEST LENGTH BATCH MAX_UPDATE INTERVAL; do check_number "$n" 1; done
 check_number DATA_SEED
+check_number PENALTY_START
 check_python
 NPROC=1
 check_run_settings
@@ -94,6 +96,7 @@ train() {
     --criterion cross_entropy_rf_penalty
     --receptive-field-penalty "$PENALTY"
     --receptive-field-layers "$RF_LAYERS"
+    --receptive-field-penalty-start "$PENALTY_START"
     --dropout "$DROPOUT"
     --optimizer adam
     --adam-betas "(0.9, 0.98)"
@@ -114,7 +117,7 @@ train() {
   date -u +%FT%TZ > "$OUT/$name/done"
 }
 
-say "2/4 $ARCH, discrete attention, --receptive-field-penalty $PENALTY ($MAX_UPDATE updates) -> $OUT/discrete"
+say "2/4 $ARCH, discrete attention, --receptive-field-penalty $PENALTY from update $PENALTY_START ($MAX_UPDATE updates) -> $OUT/discrete"
 train discrete "$@"
 EVAL=(--discrete "$OUT/discrete/checkpoint_last.pt")
 if [ "$SOFT" = 1 ]; then

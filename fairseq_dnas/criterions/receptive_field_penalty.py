@@ -37,7 +37,10 @@ reader (each predicts the next token). The returned loss is
 so that after fairseq divides by ``sample_size`` the objective gains C times
 the mean P_b, whatever the base criterion's ``sample_size`` is. The mean P_b
 is logged as ``rf_penalty`` (before C); validation (eval mode) and C = 0 run
-the base criterion alone.
+the base criterion alone, and so do the updates before
+``--receptive-field-penalty-start N`` (default 0: from the first update;
+the count is the one fairseq hands the model, ``model.num_updates``, so a
+resumed run switches on at the same update).
 """
 
 import math
@@ -57,25 +60,41 @@ from fairseq_dnas.errors import BadFlag
 SUFFIX = "_rf_penalty"
 PENALTY_FLAG = "--receptive-field-penalty"
 LAYERS_FLAG = "--receptive-field-layers"
+START_FLAG = "--receptive-field-penalty-start"
 PENALTY_METRIC = "rf_penalty"
 PENALTY_HELP = ("add FLOAT times the soft size of the receptive fields of the positions the loss reads to the "
                 "training loss (the thesis's appendix uses 0.1, the default; 0 = off); logged as rf_penalty")
 LAYERS_HELP = (f"{PENALTY_FLAG} on the fields after the final layer (the thesis's; default) or on their mean "
                "over all layers (gradient also where the final fields are full)")
+START_HELP = (f"{PENALTY_FLAG} from update N on (default 0: from the first update); the first N updates train "
+              "on the base criterion alone, rf_penalty unlogged")
 # fairseq's criterions the discrete models train with.
 BASES = ("cross_entropy", "label_smoothed_cross_entropy", "masked_lm", "sentence_prediction")
 
 Stack = Tuple[List, Tensor, int, Optional[Tensor]]  # (attention modules, tokens, padding index, readers)
 
 
-def check_penalty(value, layers: str = "final") -> None:
-    """BadFlag unless the coefficient is a finite number >= 0 and the layers
-    one of ``PENALTY_LAYERS``."""
+def check_penalty(value, layers: str = "final", start: int = 0) -> None:
+    """BadFlag unless the coefficient is a finite number >= 0, the layers
+    one of ``PENALTY_LAYERS`` and the start an update count >= 0."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
     if not ok:
         raise BadFlag(f"{PENALTY_FLAG} must be a finite number >= 0 (0 = off; the thesis uses 0.1); got {value!r}")
     if layers not in PENALTY_LAYERS:
         raise BadFlag(f"{LAYERS_FLAG} {layers!r} is unknown; choose one of {', '.join(PENALTY_LAYERS)}")
+    if not (isinstance(start, int) and not isinstance(start, bool) and start >= 0):
+        raise BadFlag(f"{START_FLAG} must be an update count >= 0 (0 = from the first update); got {start!r}")
+
+
+def updates_done(model) -> int:
+    """The update count fairseq last handed the model (``set_num_updates``;
+    the discrete models record it, ``discrete_args.apply_temperature``)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    count = getattr(model, "num_updates", None)
+    if count is None:
+        raise BadFlag(f"{START_FLAG} needs a model that records fairseq's update count (the plugin's discrete "
+                      f"models do); drop {START_FLAG} or use one of them")
+    return count
 
 
 def _self_attention(stack) -> List:
@@ -150,20 +169,23 @@ class ReceptiveFieldPenaltyCriterion(FairseqCriterion):
 
     base_class = None
 
-    def __init__(self, task, base, coef: float, layers: str):
+    def __init__(self, task, base, coef: float, layers: str, start: int = 0):
         super().__init__(task)
-        self.base, self.coef, self.layers = base, coef, layers
+        self.base, self.coef, self.layers, self.start = base, coef, layers, start
 
     @classmethod
     def build_criterion(cls, cfg, task):
-        check_penalty(cfg.receptive_field_penalty, cfg.receptive_field_layers)
+        start = cfg.receptive_field_penalty_start
+        check_penalty(cfg.receptive_field_penalty, cfg.receptive_field_layers, start)
         base = cls.base_class.build_criterion(cfg, task)  # takes its own fields from cfg
-        return cls(task, base, float(cfg.receptive_field_penalty), cfg.receptive_field_layers)
+        return cls(task, base, float(cfg.receptive_field_penalty), cfg.receptive_field_layers, start)
 
     def forward(self, model, sample, reduce=True):
         if not (model.training and self.coef > 0):
             return self.base(model, sample, reduce=reduce)
         stacks = penalty_stacks(model, sample, hasattr(self.base, "classification_head_name"))
+        if self.start and updates_done(model) < self.start:
+            return self.base(model, sample, reduce=reduce)
         with kept_samples(stacks):
             loss, sample_size, logging_output = self.base(model, sample, reduce=reduce)
             penalty = sentence_penalty(stacks, self.layers)
@@ -198,7 +220,8 @@ def register_penalized(base_name: str):
         f"{base_config.__name__}RFPenalty",
         [("receptive_field_penalty", float, field(default=0.1, metadata={"help": PENALTY_HELP})),
          ("receptive_field_layers", ChoiceEnum(PENALTY_LAYERS), field(default="final",
-                                                                       metadata={"help": LAYERS_HELP}))],
+                                                                       metadata={"help": LAYERS_HELP})),
+         ("receptive_field_penalty_start", int, field(default=0, metadata={"help": START_HELP}))],
         bases=(base_config,),
     )
     name = "".join(part.title() for part in base_name.split("_")) + "RFPenaltyCriterion"

@@ -131,8 +131,12 @@ def apply_temperature(model, args, num_updates: int, log: bool) -> float:
 
     Called from the models' ``set_num_updates``, which fairseq's trainer calls
     after loading a checkpoint and after every update, so a resumed run
-    continues the schedule where it stopped.
+    continues the schedule where it stopped. It also records the count as
+    ``model.num_updates``: the receptive-field penalty's
+    ``--receptive-field-penalty-start`` reads it (fairseq hands the update
+    number to the model, never to the criterion).
     """
+    model.num_updates = int(num_updates)
     tau = temperature_at(args, num_updates)
     for m in model.modules():
         if hasattr(m, "gumbel_temperature"):
