@@ -116,6 +116,12 @@ def test_precision_and_recall_by_hand():
     assert r["recall_macro"] == pytest.approx((1 + 0.5 + 2 / 3) / 3)
     assert r["mean_field_size"] == pytest.approx(2) and r["predictions"] == 3
     assert E.precision_recall(truth, truth)["precision"] == 1.0
+    # Without the sink: position 0 leaves the third field (not in its
+    # dependency) and stays in the first (in it): hits 4 over fields 1 + 1 + 3.
+    kept = E.without_sink(fields, truth)
+    assert kept[0, 2].tolist() == [False, True, False, True, True] and kept[0, 0, 0]
+    assert E.precision_recall(kept, truth)["precision"] == pytest.approx(4 / 5)
+    assert E.precision_recall(kept, truth)["recall"] == r["recall"]
 
 
 # --- the model: causal discrete attention ------------------------------------
@@ -235,6 +241,7 @@ def test_the_driver_end_to_end(tmp_path):
     assert 0 <= result["precision"] <= 1 and 0 < result["recall"] <= 1 and result["test_perplexity"] > 1
     assert result["soft"]["sampler"] == "soft" and result["discrete"]["sampler"] == "gumbel"
     assert result["discrete"]["predictions"] == 6 * 30 and result["thesis"]["precision"] == 0.959
+    assert result["discrete"]["precision"] <= result["discrete"]["precision_without_sink"] <= 1
     assert (out / "figure_4_1.png").read_bytes()[:4] == b"\x89PNG"
     assert "rf_penalty" in (out / "discrete" / "train.log").read_text()
     again = subprocess.run(["bash", DRIVER], env=env, capture_output=True, text=True, timeout=600)
@@ -271,3 +278,53 @@ def test_penalty_start_trains_on_the_base_criterion_until_that_update(tmp_path):
     del model.num_updates  # a model that does not record the count
     with pytest.raises(BadFlag, match="--receptive-field-penalty-start needs a model that records"):
         late(model, sample)
+
+
+def _fake_run(root, name, seed, precision, start=None, soft=False):
+    """A dependencies.sh OUT with a result.json and the training command."""
+    out = root / name
+    (out / "discrete").mkdir(parents=True)
+    flags = f"--receptive-field-penalty 0.1 --max-update 6000 --seed {seed}"
+    if start is not None:
+        flags += f" --receptive-field-penalty-start {start}"
+    (out / "discrete" / "train.cmd").write_text(f"python run_fairseq.py train data --adam-betas '(0.9, 0.98)' {flags}\n")
+    figures = {"precision": precision, "recall": 0.5, "test_perplexity": 3.0, "mean_field_size": 2.0,
+               "precision_without_sink": 1.0}
+    if seed == 2:
+        del figures["precision_without_sink"]  # a result written before the diagnostic
+    result = {"discrete": figures, **({"soft": dict(figures, precision=0.25)} if soft else {})}
+    (out / "result.json").write_text(json.dumps(result))
+    return out
+
+
+def test_dependencies_table_groups_runs_by_settings_over_seeds(tmp_path):
+    import dependencies_table as DT
+
+    runs = [_fake_run(tmp_path, "a", 1, 0.5, soft=True), _fake_run(tmp_path, "b", 2, 0.7),
+            _fake_run(tmp_path, "c", 1, 0.9, start=3000)]
+    text = DT.table(DT.collect([str(r) for r in runs]))
+    rows = [line for line in text.splitlines() if line.startswith("| discrete") or line.startswith("| soft")]
+    # seeds 1 and 2 at start 0 (absent flag = the criterion's default): mean 0.6,
+    # standard error 0.1414 / sqrt(2) = 0.1; seed 1 at 3000 alone; the soft model of seed 1 alone
+    assert rows == [
+        "| discrete | 0.1 | 0 | final | 6000 | 2 (1, 2) | 0.600 +- 0.100 | 0.500 +- 0.000 | - | 3.000 +- 0.000 "
+        "| 2.00 +- 0.00 |",
+        "| discrete | 0.1 | 3000 | final | 6000 | 1 (1) | 0.900 | 0.500 | 1.000 | 3.000 | 2.00 |",
+        "| soft | 0.1 | 0 | final | 6000 | 1 (1) | 0.250 | 0.500 | 1.000 | 3.000 | 2.00 |",
+    ], text
+    assert "| thesis (discrete) | 0.1 | - | final | - | - | **0.959** | **0.920** | - | - | - |" in text
+
+
+def test_dependencies_table_refuses_an_unfinished_run_and_a_repeated_seed(tmp_path):
+    import dependencies_table as DT
+
+    table = os.path.join(ROOT, "examples", "discrete", "dependencies_table.py")
+    done = _fake_run(tmp_path, "a", 1, 0.5)
+    (tmp_path / "unfinished" / "discrete").mkdir(parents=True)
+    proc = subprocess.run([sys.executable, table, str(done), str(tmp_path / "unfinished")], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("dependencies_table.py: error: ") and "result.json: missing" in proc.stderr
+    again = _fake_run(tmp_path, "b", 1, 0.6)
+    with pytest.raises(DT.BadInput, match="seed 1 twice"):
+        DT.collect([str(done), str(again)])

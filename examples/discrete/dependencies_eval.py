@@ -27,6 +27,11 @@ Decided here:
   recall = sum |R n D| / sum |D|. Per-prediction means (macro) are written
   as ``precision_macro`` / ``recall_macro``. The 30 word targets are scored;
   the final ``</s>`` target is not (its position alone decides it).
+- **Precision without the sink** (``precision_without_sink``, a
+  diagnostic): the same pooled precision with ``</s>`` (input position 0)
+  counted in a field only where it belongs to the true dependency (before
+  the first number); the thesis does not say whether its sequences start
+  with a symbol every head can attend to.
 - **Test perplexity** is exp of the mean negative log-likelihood per
   target over every target, the final ``</s>`` included (what fairseq's
   ``eval_lm`` reports), with the model in eval mode: for the discrete model
@@ -95,6 +100,18 @@ def precision_recall(fields: torch.Tensor, truth: torch.Tensor) -> dict:
     }
 
 
+def without_sink(fields: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """``fields`` with input position 0 (``</s>``, where a head attends when
+    nothing else pays) taken out wherever it is not part of the true
+    dependency: a diagnostic beside precision (``precision_without_sink``),
+    since every head must attend somewhere and ``</s>`` carries nothing. Hits
+    are unchanged, so recall is too; a field of ``</s>`` and the position
+    itself scores 1.0 on it, so it reads only beside recall."""
+    out = fields.bool().clone()
+    out[..., 0] &= truth.bool()[..., 0]
+    return out
+
+
 def load(checkpoint: str, bin_dir: str):
     """(model in eval mode, dictionary) from a fairseq checkpoint."""
     import fairseq_dnas.plugin  # noqa: F401  (registers the architectures)
@@ -159,6 +176,7 @@ def evaluate(checkpoint: str, bin_dir: str, lines, starts, soft_threshold: float
     truth = dependency_mask(starts, length)
     words = len(lines[0])
     result = precision_recall(member[:, :words, :], truth)  # word targets t = 0 .. T_w - 1
+    result["precision_without_sink"] = precision_recall(without_sink(member[:, :words, :], truth), truth)["precision"]
     result["test_perplexity"] = math.exp(nll / count)
     result["sampler"] = sampler
     if sampler != "gumbel":
