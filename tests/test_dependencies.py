@@ -326,5 +326,5 @@ def test_dependencies_table_refuses_an_unfinished_run_and_a_repeated_seed(tmp_pa
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("dependencies_table.py: error: ") and "result.json: missing" in proc.stderr
     again = _fake_run(tmp_path, "b", 1, 0.6)
-    with pytest.raises(DT.BadInput, match="seed 1 twice"):
+    with pytest.raises(DT.BadFile, match="seed 1 twice"):
         DT.collect([str(done), str(again)])

@@ -22,14 +22,10 @@
 #    OUT/result.json (precision, recall, test_perplexity, the soft model's
 #    figures, the thesis's) and OUT/figure_4_1.png.
 # Extra arguments go to both fairseq-train runs.
-# CPU, one thread (OMP_NUM_THREADS=1): SIZE=full trains each model in
-# 11-13 minutes on one core of the 2-core machine (6,000 updates of 64
-# sequences). At PENALTY=0.1 from the first update the discrete model
-# collapsed onto </s> in three seeds (precision 0.532, recall 0.416);
-# PENALTY_START=3000 (the penalty after the plain LM has found the depth)
-# gave precision 0.999, recall 0.813 over three seeds (the thesis: 0.959,
-# 0.920): docs/results/2026-11-27-cpu-dependency-3seeds.md. Several OUTs
-# in one table: examples/discrete/dependencies_table.py.
+# CPU, one thread (OMP_NUM_THREADS=1), 6,000 updates of 64 sequences a
+# model. Results, times, and why PENALTY_START matters (the penalty from
+# the first update collapses the fields onto </s>): examples/discrete/
+# README.md. Several OUTs in one table: examples/discrete/dependencies_table.py.
 set -euo pipefail
 
 OUT="${OUT:-checkpoints/dependencies}"

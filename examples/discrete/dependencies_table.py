@@ -23,16 +23,13 @@ import os
 import shlex
 import sys
 
-from fairseq_dnas.stats import mean_se
+from fairseq_dnas.errors import BadFile
+from fairseq_dnas.stats import mean_se_cell
 
 THESIS = {"precision": 0.959, "recall": 0.920}
 SETTINGS = (("--receptive-field-penalty", "0.1"), ("--receptive-field-penalty-start", "0"),
             ("--receptive-field-layers", "final"), ("--max-update", None))
 METRICS = ("precision", "recall", "precision_without_sink", "test_perplexity", "mean_field_size")
-
-
-class BadInput(Exception):
-    pass
 
 
 def read_settings(cmd_path: str):
@@ -49,10 +46,10 @@ def read_settings(cmd_path: str):
     for flag, default in SETTINGS:
         value = flags.get(flag, default)
         if value is None:
-            raise BadInput(f"{cmd_path}: no {flag}")
+            raise BadFile(cmd_path, f"no {flag}")
         settings.append(value)
     if "--seed" not in flags:
-        raise BadInput(f"{cmd_path}: no --seed")
+        raise BadFile(cmd_path, "no --seed")
     return tuple(settings), int(flags["--seed"])
 
 
@@ -63,7 +60,7 @@ def collect(outs):
         result, cmd = os.path.join(out, "result.json"), os.path.join(out, "discrete", "train.cmd")
         for path in (result, cmd):
             if not os.path.isfile(path):
-                raise BadInput(f"{path}: missing (is {out} a finished dependencies.sh OUT?)")
+                raise BadFile(path, f"missing (is {out} a finished dependencies.sh OUT?)")
         with open(result) as f:
             r = json.load(f)
         settings, seed = read_settings(cmd)
@@ -71,18 +68,14 @@ def collect(outs):
             if model in r:
                 runs = groups.setdefault((settings, model), [])
                 if any(s == seed for s, _ in runs):
-                    raise BadInput(f"{out}: seed {seed} twice with the same settings")
+                    raise BadFile(out, f"seed {seed} twice with the same settings")
                 runs.append((seed, r[model]))
-    if not groups:
-        raise BadInput("no run given")
     return groups
 
 
 def cell(values, digits):
-    if any(v is None for v in values):
-        return "-"
-    m, se = mean_se(values)
-    return f"{m:.{digits}f}" if se != se else f"{m:.{digits}f} +- {se:.{digits}f}"  # se is nan with one seed
+    """mean +- se (the mean alone for one seed); "-" where a run lacks the figure."""
+    return "-" if None in values else mean_se_cell(values, digits, plus_minus="+-")
 
 
 def table(groups) -> str:
@@ -107,7 +100,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         text = table(collect(args.outs))
-    except (BadInput, ValueError, KeyError) as err:
+    except (BadFile, ValueError, KeyError) as err:
         print(f"dependencies_table.py: error: {err}", file=sys.stderr)
         return 1
     if args.out:

@@ -181,11 +181,9 @@ class ReceptiveFieldPenaltyCriterion(FairseqCriterion):
         return cls(task, base, float(cfg.receptive_field_penalty), cfg.receptive_field_layers, start)
 
     def forward(self, model, sample, reduce=True):
-        if not (model.training and self.coef > 0):
+        if not (model.training and self.coef > 0) or (self.start and updates_done(model) < self.start):
             return self.base(model, sample, reduce=reduce)
         stacks = penalty_stacks(model, sample, hasattr(self.base, "classification_head_name"))
-        if self.start and updates_done(model) < self.start:
-            return self.base(model, sample, reduce=reduce)
         with kept_samples(stacks):
             loss, sample_size, logging_output = self.base(model, sample, reduce=reduce)
             penalty = sentence_penalty(stacks, self.layers)
