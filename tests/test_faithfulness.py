@@ -23,6 +23,7 @@ from scipy.stats import kendalltau
 from fairseq_dnas.commands import sentence_classify
 from fairseq_dnas.recipes import masked_lm_data
 
+from fairseq_dnas.analysis import attention_share as AS  # noqa: E402
 from fairseq_dnas.analysis import faithfulness as FA  # noqa: E402
 
 COMMAND = ["-m", "fairseq_dnas.commands.faithfulness"]
@@ -160,10 +161,10 @@ def test_attention_share_by_hand():
     x = torch.tensor([[[0.0, 10.0], [2.0, 0.0]], [[0.0, 4.0], [0.0, 5.0]], [[1.0, 0.0], [0.0, 0.0]]],
                      dtype=torch.float64)
     padding = torch.tensor([[False, False, False], [False, False, True]])
-    r = FA.attention_share(o, x, padding)
+    r = AS.attention_share(o, x, padding)
     # example 0: 5/10, 1/4, 2/1; example 1: 1/2, 10/5 (its padded token, with x = 0, left out)
     assert r.dtype == torch.float64 and r.tolist() == [0.5, 0.25, 2.0, 0.5, 2.0]
-    s = FA.share_summary([[r[:3], r[3:]], [torch.tensor([1.0, 3.0], dtype=torch.float64)]])
+    s = AS.share_summary([[r[:3], r[3:]], [torch.tensor([1.0, 3.0], dtype=torch.float64)]])
     assert s["mean"] == [pytest.approx(5.25 / 5, abs=1e-15), 2.0]
     assert s["median"] == [0.5, 2.0]  # 0.25 0.5 0.5 2 2; (1 + 3) / 2
 
@@ -200,7 +201,7 @@ def test_attention_share_of_every_encoder_equals_a_recomputation(arch):
     x = tokens(model)
     padding = x.eq(enc.padding_idx)
     assert padding.any()
-    with FA.ResidualAttention(model) as residual:
+    with AS.ResidualAttention(model) as residual:
         FA.explain_batch(model, x, HEAD, 0)
     got = residual.shares(padding)
     expected = {}
@@ -232,7 +233,7 @@ def test_attention_share_needs_a_forward():
     from test_roberta_dnas import build
 
     model = build("roberta_small")
-    with FA.ResidualAttention(model) as residual:
+    with AS.ResidualAttention(model) as residual:
         pass
     with pytest.raises(RuntimeError, match="run one forward"):
         residual.shares(torch.zeros(1, 3, dtype=torch.bool))
@@ -329,7 +330,7 @@ def test_attention_and_importance_match_a_float64_recomputation(tiny, arch):
     rows = _examples(tiny, model, task, data, 8)
     assert len({len(r) for r in rows}) > 2  # padding in the batch
     x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
-    with FA.ResidualAttention(model) as residual:
+    with AS.ResidualAttention(model) as residual:
         r = FA.explain_batch(model, x, HEAD, task.cfg.init_token)  # importance at h0 (the default)
     (shares,) = residual.shares(x.eq(task.source_dictionary.pad())).values()  # one stream: 'self'
     expected_shares = [[] for _ in shares]

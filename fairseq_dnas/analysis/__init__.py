@@ -13,6 +13,8 @@
 - ``faithfulness``: is attention an explanation? Kendall's tau between the
   attention each token receives and its gradient importance (J. Kinley,
   2020, Chapter 6).
+- ``attention_share``: attention's share of the residual stream per layer,
+  ||attention output|| / ||layer input|| (reported beside tau).
 - ``plots``: the matplotlib pictures (Agg backend, no display needed).
 - ``files``: write outputs atomically (temporary file, then rename).
 

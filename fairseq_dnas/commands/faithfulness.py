@@ -57,6 +57,7 @@ def measure(checkpoint, args):
     """(summary dict, per-example rows, encoder scheme) of one checkpoint."""
     import torch
 
+    from fairseq_dnas.analysis import attention_share as AS
     from fairseq_dnas.analysis import faithfulness as F
     from fairseq_dnas.analysis.checkpoints import encoder_scheme
 
@@ -78,7 +79,7 @@ def measure(checkpoint, args):
         idx = order[start:start + args.batch]
         x = sentence_classify.pad_batch([rows[i] for i in idx], pad)
         try:
-            with F.ResidualAttention(model) as residual:
+            with AS.ResidualAttention(model) as residual:
                 r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention)
         except ValueError as err:  # an --attention stream the encoder does not report
             raise BadInput(f"{checkpoint}: {err}") from None
@@ -116,11 +117,11 @@ SHARE_PREFIX = {"self": "", "model": "", "controller": "controller_"}
 def share_keys(shares) -> dict:
     """{'attention_share': per-layer means, 'attention_share_median': ...,
     and 'controller_attention_share...' for a two-stream encoder}."""
-    from fairseq_dnas.analysis import faithfulness as F
+    from fairseq_dnas.analysis import attention_share as AS
 
     out = {}
     for stream, per_layer in shares.items():
-        s = F.share_summary(per_layer)
+        s = AS.share_summary(per_layer)
         prefix = SHARE_PREFIX[stream]
         out[f"{prefix}attention_share"], out[f"{prefix}attention_share_median"] = s["mean"], s["median"]
     return out
