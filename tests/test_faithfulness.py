@@ -270,14 +270,16 @@ def _probs(scores, scheme, u):
     return u * dnas + (1 - u) * unas
 
 
-def _reference(model, ids, residual=None):
+def _reference(model, ids, residual=None, detach=False):
     """(class probabilities, per-layer attention (H, T, T), {point: (grad,
     input)}) of one example, the encoder written out in float64 (post-norm
     RoBERTa: learned positions, embedding layer norm, attention, FFN,
     classification head on <s>); the points: 'h0' (the embedding layer
     norm's output, the thesis's h0) and 'embed_tokens' (the embedding rows
     themselves), the gradient of y_hat at each by autograd. ``residual``: a
-    list that gets, per layer, (attention output o, layer input x), (T, C)."""
+    list that gets, per layer, (attention output o, layer input x), (T, C).
+    ``detach``: the probabilities enter P v as constants (Jain & Wallace's
+    code), the gradient flows through v only."""
     enc = model.encoder.sentence_encoder
     P = lambda t: t.detach().double()  # noqa: E731
     t = len(ids)
@@ -303,7 +305,7 @@ def _reference(model, ids, residual=None):
         ref = reference_probs(scores[None], getattr(m, "scheme", "unas"), hybrid_weight=u)[0]
         torch.testing.assert_close(p.detach(), ref, atol=1e-12, rtol=0)
         attention.append(p.detach())
-        o = F.linear((p @ v).transpose(0, 1).reshape(t, h * d), P(m.out_proj.weight), P(m.out_proj.bias))
+        o = F.linear(((p.detach() if detach else p) @ v).transpose(0, 1).reshape(t, h * d), P(m.out_proj.weight), P(m.out_proj.bias))
         if residual is not None:
             residual.append((o.detach(), x.detach()))
         n1, n2 = layer.self_attn_layer_norm, layer.final_layer_norm
@@ -438,6 +440,91 @@ def test_a_two_stream_encoder_is_read_by_stream_name(tiny):
     assert not torch.equal(by_model["attention"], by_controller["attention"])
     for form in FA.IMPORTANCE_FORMS:
         torch.testing.assert_close(by_model["importance"][form], by_controller["importance"][form], atol=0, rtol=0)
+
+
+# fairseq's Python attention path computes its softmax in float32 (above).
+UNAS_PYTHON_PATH = dict(atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["roberta", "roberta_hnas"])
+def test_detached_attention_matches_a_float64_recomputation(tiny, arch):
+    """detach_attention=True against the float64 recomputation whose
+    probabilities enter P v as constants; the attention and the prediction
+    are those of the ordinary run, and the importance is not (the option is
+    not a no-op where attention matters): per sentence tau differs."""
+    model, task, data = _float64_model(tiny["ckpt"][arch], arch == "roberta_hnas")
+    rows = _examples(tiny, model, task, data, 8)
+    x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
+    plain = FA.explain_batch(model, x, HEAD, 0)
+    r = FA.explain_batch(model, x, HEAD, 0, detach_attention=True)
+    # Detaching sends fairseq's softmax attention (roberta) through its Python
+    # path (the projections must be called), whose softmax is float32 whatever
+    # the model's dtype (fairseq.utils.softmax): float32 rounding there.
+    tol = UNAS_PYTHON_PATH if arch == "roberta" else dict(atol=1e-12, rtol=1e-9)
+    torch.testing.assert_close(r["probs"], plain["probs"], atol=tol["atol"], rtol=0)
+    torch.testing.assert_close(r["attention"], plain["attention"], atol=1e-12, rtol=0)
+    taus_differ = 0
+    for b, ids in enumerate(rows):
+        t = len(ids)
+        for at, detach in (("h0", True), ("h0", False)):
+            grad, e = _reference(model, ids, detach=detach)[2][at]
+            got, close = (r, tol) if detach else (plain, dict(atol=1e-12, rtol=1e-9))
+            real = got["real"][b]
+            g = grad[1:t - 1]
+            torch.testing.assert_close(got["importance"]["grad"][b][real], g.norm(dim=-1), **close)
+            torch.testing.assert_close(got["importance"]["grad-x-input"][b][real], (g * e[1:t - 1]).sum(-1).abs(),
+                                       **close)
+        a = plain["attention"][b][real].tolist()
+        tau = [FA.kendall_tau(a, d["importance"]["grad"][b][real].tolist()) for d in (plain, r)]
+        taus_differ += tau[0] != tau[1]
+    assert not torch.allclose(r["importance"]["grad"], plain["importance"]["grad"], rtol=1e-3)
+    assert taus_differ > 0
+
+
+def test_detached_attention_at_the_token_embedding(tiny):
+    """The option composes with at='embed_tokens' (the same float64 recomputation)."""
+    model, task, data = _float64_model(tiny["ckpt"]["roberta"], False)
+    rows = _examples(tiny, model, task, data, 4)
+    x = sentence_classify.pad_batch(rows, task.source_dictionary.pad())
+    r = FA.explain_batch(model, x, HEAD, 0, at="embed_tokens", detach_attention=True)
+    for b, ids in enumerate(rows):
+        t = len(ids)
+        g, _ = _reference(model, ids, detach=True)[2]["embed_tokens"]
+        torch.testing.assert_close(r["importance"]["grad"][b][r["real"][b]], g[1:t - 1].norm(dim=-1),
+                                   **UNAS_PYTHON_PATH)
+
+
+@pytest.mark.parametrize("arch", ["roberta_discrete_single", "roberta_discrete"])
+def test_detaching_the_argmax_of_discrete_attention_changes_nothing(tiny, arch):
+    """At inference the discrete sample S is an argmax, a constant of its
+    input already, and the two-stream model stream reads the controller
+    only through S: the detached importance equals the ordinary one exactly
+    (what docs/analysis.md says detaching means for the sample)."""
+    if arch == "roberta_discrete":  # trained (tiny fixture)
+        model, task, data = sentence_classify.load(str(tiny["ckpt"]["roberta_discrete"]))
+        model = model.double().eval()
+        x = sentence_classify.pad_batch(_examples(tiny, model, task, data, 6), task.source_dictionary.pad())
+    else:  # built, as the attention-share test does
+        import fairseq_dnas.plugin  # noqa: F401
+        from test_roberta_dnas import build, tokens
+
+        model = build(f"{arch}_small", seed=1)
+        model.register_classification_head(HEAD, num_classes=2)
+        model = model.double().eval()
+        x = tokens(model)
+    plain = FA.explain_batch(model, x, HEAD, 0)
+    detached = FA.explain_batch(model, x, HEAD, 0, detach_attention=True)
+    assert float(plain["importance"]["grad"].max()) > 0
+    for form in FA.IMPORTANCE_FORMS:
+        torch.testing.assert_close(detached["importance"][form], plain["importance"][form], atol=0, rtol=0)
+
+
+def test_detaching_refuses_a_forward_that_never_called_the_projections(tiny):
+    model, _, _ = sentence_classify.load(str(tiny["ckpt"]["roberta"]))
+    with FA.DetachedAttention(model) as detached:
+        pass
+    with pytest.raises(RuntimeError, match="not detached"):
+        detached.check()
 
 
 def test_training_mode_is_refused(tiny):

@@ -150,6 +150,33 @@ def test_translation_metric_matches_a_float64_recomputation_one_sentence_at_a_ti
     assert not torch.allclose(r["attention"]["encoder"].double(), r["attention"]["cross"].double())
 
 
+@pytest.mark.parametrize("arch,extra", ARCHS[:2], ids=[a for a, _ in ARCHS[:2]])
+def test_detached_attention_changes_the_importance_only(arch, extra):
+    """detach_attention=True detaches every attention of the model (encoder
+    self-attention, decoder self- and cross-attention: DetachedAttention
+    refuses a forward in which one of them was not called): the
+    log-probability and the attention stay, the importance changes (the
+    mechanism is checked against a float64 forward written out in
+    tests/test_faithfulness.py and tests/test_hf_faithfulness.py)."""
+    torch.manual_seed(0)
+    model = build_model(arch, extra).double().eval()
+    for m in model.modules():
+        if hasattr(m, "q_proj"):
+            m.q_proj.weight.data *= 8.0
+    src, src_lengths, prev, target = _pairs(model, [7, 4, 9, 2], [5, 8, 3, 6])
+    plain = FA.explain_translation_batch(model, src, src_lengths, prev, target)
+    with FA.DetachedAttention(model, decoder=True) as probe:
+        model(src, src_lengths, prev)
+    probe.check()
+    assert len(probe.modules) == len(model.encoder.layers) + 2 * len(model.decoder.layers)
+    r = FA.explain_translation_batch(model, src, src_lengths, prev, target, detach_attention=True)
+    torch.testing.assert_close(r["logprob"], plain["logprob"], atol=1e-9, rtol=1e-6)
+    for kind in ("encoder", "cross"):
+        torch.testing.assert_close(r["attention"][kind], plain["attention"][kind], atol=1e-10, rtol=0)
+    real = plain["real"]
+    assert not torch.allclose(r["importance"]["grad"][real], plain["importance"]["grad"][real], rtol=1e-3)
+
+
 def test_a_shared_embedding_table_gives_the_source_gradient_only():
     """With --share-all-embeddings the decoder embeds its input with the same
     module; the importance must still be that of the source embeddings (the

@@ -21,6 +21,15 @@ token ``<s>`` and ``</s>`` are left out as positions but count as queries):
   the scale, the positions and the LayerNorm; Jain & Wallace's point): the
   LayerNorm divides each position by its own standard deviation and
   projects, so norms and rankings differ from h0's;
+- ``detach_attention=True``: the same gradient with every attention
+  probability held constant (Jain & Wallace's code: the attention weights
+  ``.detach()``-ed in the forward the gradient is taken through), so g says
+  how y_hat moves with the inputs through the values, the residual stream
+  and the feed-forward layers while the attention stays fixed
+  (``DetachedAttention``). Discrete attention at inference is an argmax,
+  already constant with respect to its input: detaching changes only the
+  paths through soft attention (a two-stream encoder's controller A, and S
+  where ``sampler='soft'``);
 - tau = Kendall's tau-b between a and g (``kendall_tau``); an example with
   fewer than 2 real tokens, or with a constant a or g, has no tau (None).
 
@@ -50,7 +59,7 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.analysis import receptive_field as RF
-from fairseq_dnas.analysis.capture import EncoderAttention, encoder_stack
+from fairseq_dnas.analysis.capture import EncoderAttention, Hooks, attention_sites, encoder_stack
 
 IMPORTANCE_FORMS = ("grad", "grad-x-input")
 IMPORTANCE_POINTS = ("h0", "embed_tokens")  # where the gradient is taken: the thesis's h0 (default)
@@ -185,8 +194,70 @@ def _hook_importance_point(enc, at: str, only: Optional[Tensor] = None):
     raise ValueError(f"importance point {at!r}: choose one of {', '.join(IMPORTANCE_POINTS)}")
 
 
+class DetachedAttention(Hooks):
+    """While active (``with``), every attention module of ``model`` (the
+    encoder's self-attention; with ``decoder=True`` the decoder's self- and
+    cross-attention too) computes its probabilities from detached queries
+    and keys: forward hooks on ``q_proj`` and ``k_proj`` return their output
+    detached, so P = f(q, k) is a constant for autograd while P v still
+    carries the gradient through v = ``v_proj``(x) (Jain & Wallace's
+    ``.detach()`` of the attention weights). This holds for every scheme the
+    plugin has, as each computes P from q and k alone (softmax, DNAS, HNAS's
+    mixture with its u, the discrete sample, a two-stream module's A and S,
+    whose model-stream values ``model_v_proj`` keep their gradient).
+
+    fairseq's ``MultiheadAttention`` hands its ordinary forward to torch's
+    fused function, which reads the projection weights without calling the
+    modules; ``skip_embed_dim_check`` routes it through fairseq's own Python
+    path, the same math, which calls them. ``check()`` refuses a forward in
+    which some module's projections were not called with gradient enabled:
+    the option must never be silently a no-op."""
+
+    def __init__(self, model, decoder: bool = False):
+        super().__init__()
+        self.modules = [site.module for site in attention_sites(model, decoder=decoder)]
+        self.calls = {}
+        self._saved = []
+
+    def __enter__(self):
+        for module in self.modules:
+            for name in ("q_proj", "k_proj"):
+                self._handles.append(getattr(module, name).register_forward_hook(self._detach(module, name)))
+            if hasattr(module, "skip_embed_dim_check"):
+                self._saved.append((module, module.skip_embed_dim_check))
+                module.skip_embed_dim_check = True
+        return self
+
+    def __exit__(self, *exc):
+        for module, value in self._saved:
+            module.skip_embed_dim_check = value
+        self._saved = []
+        return super().__exit__(*exc)
+
+    def _detach(self, module, name):
+        def hook(proj, args, output):
+            if torch.is_grad_enabled():  # the forward the gradient is taken through (not capture's re-runs)
+                self.calls[(id(module), name)] = self.calls.get((id(module), name), 0) + 1
+            return output.detach()
+
+        return hook
+
+    def check(self) -> None:
+        missing = sum(1 for m in self.modules for name in ("q_proj", "k_proj") if (id(m), name) not in self.calls)
+        if missing:
+            raise RuntimeError(f"detach_attention: {missing} query/key projection(s) of the model's attention "
+                               "were not called in the forward, so their attention was not detached")
+
+
+def _detaching(model, detach: bool, decoder: bool = False):
+    """``DetachedAttention`` when ``detach``, else a context that does nothing."""
+    from contextlib import nullcontext
+
+    return DetachedAttention(model, decoder) if detach else nullcontext()
+
+
 def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
-                  attention: str = "model", at: str = "h0") -> dict:
+                  attention: str = "model", at: str = "h0", detach_attention: bool = False) -> dict:
     """The metric's inputs for a right-padded batch (B, T) of a
     sentence_prediction model in eval mode, one forward and one backward:
 
@@ -196,7 +267,9 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
      'receptive_field': (L, B, T) bool, the field of position 0 after every
      layer, for a discrete encoder (else None)}
     (a_j and g_j are 0 outside the real positions). ``at``: where the
-    gradient is taken, 'h0' (the thesis's) or 'embed_tokens'.
+    gradient is taken, 'h0' (the thesis's) or 'embed_tokens';
+    ``detach_attention``: the attention probabilities are constants for the
+    gradient (``DetachedAttention``; the attention reported is the same).
     """
     if model.training:
         raise ValueError("the model is in training mode; call model.eval() (no dropout)")
@@ -205,8 +278,11 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
     special = special_positions(tokens, padding, init_token)
     keep, handle = _hook_importance_point(enc, at)
     try:
-        with EncoderAttention(model) as rec, torch.enable_grad():
+        with EncoderAttention(model) as rec, _detaching(model, detach_attention) as detached, \
+                torch.enable_grad():
             logits, _ = model(tokens, features_only=True, classification_head_name=head)
+            if detach_attention:
+                detached.check()
             probs = torch.softmax(logits, dim=-1)
             prediction = probs.argmax(-1)
             y_hat = probs.gather(1, prediction[:, None]).squeeze(1)
@@ -231,7 +307,8 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
 
 
 def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor,
-                              target: Tensor, attention: str = "model", at: str = "h0") -> dict:
+                              target: Tensor, attention: str = "model", at: str = "h0",
+                              detach_attention: bool = False) -> dict:
     """The translation form of the metric for a batch of (source, hypothesis)
     pairs of an encoder-decoder model in eval mode, one teacher-forced
     forward and one backward:
@@ -250,6 +327,9 @@ def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, pr
       cross-attention received (sum over decoder layers, heads and the target
       positions of y). Two-stream layers are read by ``attention`` as in
       ``explain_batch``.
+    - ``detach_attention``: every attention of the model (encoder
+      self-attention, decoder self- and cross-attention) is a constant for
+      the gradient (``DetachedAttention``).
 
     The real source positions are the non-padding tokens other than ``</s>``
     (fairseq's translation task puts no ``<s>`` on the source; padding may be
@@ -266,8 +346,10 @@ def explain_translation_batch(model, src_tokens: Tensor, src_lengths: Tensor, pr
     keep, handle = _hook_importance_point(enc, at, only=src_tokens)
     try:
         with EncoderAttention(model) as self_rec, EncoderAttention(model, "decoder_cross") as cross_rec, \
-                torch.enable_grad():
+                _detaching(model, detach_attention, decoder=True) as detached, torch.enable_grad():
             net_output = model(src_tokens, src_lengths, prev_output_tokens)
+            if detach_attention:
+                detached.check()
             lprobs = model.get_normalized_probs(net_output, log_probs=True)
             token_lp = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
             y_hat = token_lp.masked_fill(target_padding, 0.0).sum(1)

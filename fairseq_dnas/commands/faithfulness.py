@@ -7,7 +7,8 @@ Chapter 6; Jain & Wallace, 2019); the definitions are in
 fairseq_dnas/analysis/faithfulness.py and docs/analysis.md.
 
     faithfulness.py CHECKPOINT [CHECKPOINT ...] --test TEST.tsv
-            [--importance grad|grad-x-input] [--attention model|controller]
+            [--importance grad|grad-x-input] [--detach-attention]
+            [--attention model|controller]
             [--json FILE [FILE ...]] [--plot FIGURE.png] [--labels NAME ...]
             [--data BIN] [--spm sp.model] [--batch 64] [--max-examples N]
         TEST.tsv: "sentence<TAB>label" a line (a "sentence<TAB>label" header is
@@ -35,6 +36,11 @@ added to), as `attention_share` and `attention_share_median`; a two-stream
 encoder reports its model stream h there (the one the classifier reads) and
 its controller g as `controller_attention_share` and
 `controller_attention_share_median`. Definition: docs/analysis.md.
+
+--detach-attention takes the gradient with the attention probabilities
+held constant (Jain & Wallace's code detaches them); the default follows
+the thesis (Section 5.4), whose gradient runs through the attention too.
+Whose definition each option is, and why the default: docs/analysis.md.
 
 --attention picks the stream of a two-stream encoder ('model': the model
 stream's S, 'controller': the controller's A); a single-stream encoder has
@@ -80,7 +86,8 @@ def measure(checkpoint, args):
         x = sentence_classify.pad_batch([rows[i] for i in idx], pad)
         try:
             with AS.ResidualAttention(model) as residual:
-                r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention)
+                r = F.explain_batch(model, x, sentence_classify.HEAD, task.cfg.init_token, args.attention,
+                                    detach_attention=args.detach_attention)
         except ValueError as err:  # an --attention stream the encoder does not report
             raise BadInput(f"{checkpoint}: {err}") from None
         for stream, layers in residual.shares(x.eq(pad)).items():
@@ -100,7 +107,8 @@ def measure(checkpoint, args):
     seconds = time.time() - t0
     summary = F.summarize([o["tau"] for o in out], gold, [known.index(o["prediction"]) for o in out])
     summary.update({"checkpoint": checkpoint, "test": args.test, "attention": args.attention,
-                    "importance": args.importance, "seconds": round(seconds, 2),
+                    "importance": args.importance, "detach_attention": args.detach_attention,
+                    "seconds": round(seconds, 2),
                     "threads": torch.get_num_threads()})
     if field_sizes:
         summary.update(F.receptive_field_summary(field_sizes))
@@ -173,16 +181,23 @@ def report(label, s):
     print(json.dumps({"label": label, **s}))
 
 
+def check_counts(args, models, sources=None):
+    """One --json file per model measured and one --labels name per model
+    shown (``sources``: the models and --from-json files; default: ``models``)."""
+    sources = models if sources is None else sources
+    if args.json and len(args.json) != len(models):
+        raise BadInput(f"--json: {len(args.json)} file(s) for {len(models)} checkpoint(s); give one each")
+    if args.labels and len(args.labels) != len(sources):
+        raise BadInput(f"--labels: {len(args.labels)} name(s) for {len(sources)} model(s); give one each")
+
+
 def check_args(args, p):
     sources = args.from_json or args.checkpoints
     if bool(args.from_json) == bool(args.checkpoints):
         p.error("give checkpoints (with --test) or --from-json files, not both")
     if args.checkpoints and not args.test:
         p.error("--test TEST.tsv is required with checkpoints")
-    if args.json and len(args.json) != len(args.checkpoints):
-        raise BadInput(f"--json: {len(args.json)} file(s) for {len(args.checkpoints)} checkpoint(s); give one each")
-    if args.labels and len(args.labels) != len(sources):
-        raise BadInput(f"--labels: {len(args.labels)} name(s) for {len(sources)} model(s); give one each")
+    check_counts(args, args.checkpoints, sources)
     for path in sources:
         if not os.path.isfile(path):
             raise BadInput(f"{path}: no such file")
@@ -210,16 +225,27 @@ def run(args, p):
     if args.plot:
         from fairseq_dnas.analysis.plots import plot_tau_histograms
 
-        what = "" if args.from_json else f" ({args.importance} importance, {args.attention} attention)"
+        what = "" if args.from_json else f" ({metric_name(args)}, {args.attention} attention)"
         plot_tau_histograms(series, args.plot, what)
 
 
-def add_metric_options(p, unit):
-    """The options the classification and translation forms share; ``unit``
-    names what a --json line is ('example', 'sentence')."""
-    p.add_argument("--importance", choices=("grad", "grad-x-input"), default="grad")
-    p.add_argument("--attention", choices=("model", "controller"), default="model",
-                   help="the stream of a two-stream model; the same attention for a single-stream one")
+def metric_name(args) -> str:
+    """The importance in words, for plot titles: 'grad importance', 'grad-x-input importance, attention detached'."""
+    return f"{args.importance} importance" + (", attention detached" if args.detach_attention else "")
+
+
+def add_metric_options(p, unit, streams=True):
+    """The options the classification, translation and Hugging Face forms
+    share; ``unit`` names what a --json line is ('example', 'sentence');
+    ``streams``: offer --attention (the fairseq two-stream encoders)."""
+    p.add_argument("--importance", choices=("grad", "grad-x-input"), default="grad",
+                   help="the gradient's norm at h0 (the thesis's, default) or |gradient . input|")
+    p.add_argument("--detach-attention", action="store_true",
+                   help="the attention probabilities are constants for the gradient (Jain & Wallace's code); "
+                        "default: the gradient runs through them too (the thesis)")
+    if streams:
+        p.add_argument("--attention", choices=("model", "controller"), default="model",
+                       help="the stream of a two-stream model; the same attention for a single-stream one")
     p.add_argument("--json", nargs="+", help=f"one line per {unit}, one file per checkpoint")
     p.add_argument("--plot", help="histograms of tau (PNG or PDF)")
     p.add_argument("--labels", nargs="+", help="a name per model (default: the checkpoint's folder)")

@@ -12,13 +12,16 @@ docs/analysis.md:
 - y_hat = the teacher-forced log-probability of that hypothesis;
 - importance of source token j: || d y_hat / d h0_j || (or gradient x input),
   h0_j the input of the encoder's first layer at j (thesis Section 5.4);
+  with --detach-attention every attention probability of the model (encoder
+  self-attention, decoder self- and cross-attention) is a constant for that
+  gradient (Jain & Wallace's code);
 - two attentions, reported apart: the encoder self-attention each source
   token receives (all encoder layers, heads, real queries) and the decoder
   cross-attention it receives (all decoder layers, heads, target positions).
 
     translation_faithfulness.py CHECKPOINT [CHECKPOINT ...] --data BIN
             [--subset test] [--beam 5] [--batch 32] [--max-examples N]
-            [--importance grad|grad-x-input] [--attention model|controller]
+            [--importance grad|grad-x-input] [--detach-attention] [--attention model|controller]
             [--json FILE [FILE ...]] [--plot FIGURE.png] [--labels NAME ...]
 
 Prints per model and attention the tau mean +- standard deviation and the
@@ -37,7 +40,7 @@ import os
 import sys
 import time
 
-from fairseq_dnas.commands.faithfulness import add_metric_options, write_rows
+from fairseq_dnas.commands.faithfulness import add_metric_options, check_counts, metric_name, write_rows
 from fairseq_dnas.commands.sentence_classify import BadInput, exit_status
 
 ATTENTIONS = ("encoder", "cross")
@@ -93,7 +96,7 @@ def measure(checkpoint, args):
         prev = data_utils.collate_tokens(hyps, pad, eos, left_pad=False, move_eos_to_beginning=True)
         try:
             r = F.explain_translation_batch(model, net["src_tokens"], net["src_lengths"], prev, target,
-                                           args.attention)
+                                           args.attention, detach_attention=args.detach_attention)
         except ValueError as err:  # an --attention stream the model does not report
             raise BadInput(f"{checkpoint}: {err}") from None
         for b, index in enumerate(sample["id"].tolist()):
@@ -113,6 +116,7 @@ def measure(checkpoint, args):
     rows.sort(key=lambda r: r["index"])
     summary = {"checkpoint": checkpoint, "subset": args.subset, "beam": args.beam,
                "attention_stream": args.attention, "importance": args.importance,
+               "detach_attention": args.detach_attention,
                "mean_logprob": sum(r["logprob"] for r in rows) / len(rows),
                "seconds": round(time.time() - t0, 2), "threads": torch.get_num_threads()}
     for kind in ATTENTIONS:
@@ -129,10 +133,7 @@ def report(label, s):
 
 
 def run(args):
-    if args.json and len(args.json) != len(args.checkpoints):
-        raise BadInput(f"--json: {len(args.json)} file(s) for {len(args.checkpoints)} checkpoint(s); give one each")
-    if args.labels and len(args.labels) != len(args.checkpoints):
-        raise BadInput(f"--labels: {len(args.labels)} name(s) for {len(args.checkpoints)} model(s); give one each")
+    check_counts(args, args.checkpoints)
     for path in args.checkpoints:
         if not os.path.isfile(path):
             raise BadInput(f"{path}: no such file")
@@ -152,7 +153,7 @@ def run(args):
     if args.plot:
         from fairseq_dnas.analysis.plots import plot_tau_histograms
 
-        plot_tau_histograms(series, args.plot, f" (translation, {args.importance} importance)")
+        plot_tau_histograms(series, args.plot, f" (translation, {metric_name(args)})")
 
 
 def main(argv=None):
