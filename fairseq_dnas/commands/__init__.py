@@ -18,6 +18,7 @@ Analysis (the paper's pictures and Kinley's faithfulness metric)
 - ``faithfulness``: Kendall's tau between attention and gradient
   importance, sentence classifiers.
 - ``translation_faithfulness``: the same for translation models.
+- ``hf_faithfulness``: the same for Hugging Face transformers classifiers.
 
 Steps the recipes under examples/ run for themselves are in
 ``fairseq_dnas.recipes``.
@@ -36,4 +37,5 @@ COMMANDS = {
     "mode_collapse": "mode-collapse simulations (Appendix E)",
     "faithfulness": "attention faithfulness, sentence classifiers",
     "translation_faithfulness": "attention faithfulness, translation",
+    "hf_faithfulness": "attention faithfulness, transformers classifiers",
 }
