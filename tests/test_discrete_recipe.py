@@ -75,6 +75,9 @@ def test_table_is_mean_and_standard_error_over_seeds(tmp_path):
         if seed == 1:
             _checkpoints(run_dir, *updates, 80.0)
             run([sys.executable, TABLE, "--row", run_dir])
+            # the detached form (table61.sh adds it to finished runs), seed 1 only
+            (run_dir / "summary-grad-detached.json").write_text(json.dumps(
+                {"n": 10, "accuracy": acc, "tau_mean": 0.25, "tau_std": 0.15, "left_out": 0}))
     _summary(sst, "roberta", 1, 0.90, (0.05, 0.01), (0.1, 0.1), shares=[0.04, 0.2])
     _summary(sst, "roberta_hnas", 1, 0.85, (0.05, 0.01), (0.1, 0.1))  # before attention_share: '-'
     (sst / "roberta-seed2").mkdir()  # unfinished: not counted
@@ -83,11 +86,13 @@ def test_table_is_mean_and_standard_error_over_seeds(tmp_path):
     rows = out.read_text().splitlines()
     assert proc.stdout == out.read_text()
     # order: roberta, roberta_hnas, roberta_discrete; s.e. of (0.3, 0.5) = sqrt(0.02 / 2) = 0.1
-    assert rows[2] == "| sst | roberta | 1 | 90.0 | 79.6 | +10.4 | 0.050 | 0.100 | 0.010 | 0.100 | - | 0.040 / 0.200 |"
-    assert rows[3] == "| sst | roberta_hnas | 1 | 85.0 | - | - | 0.050 | 0.100 | 0.010 | 0.100 | - | - |"
+    assert rows[2] == ("| sst | roberta | 1 | 90.0 | 79.6 | +10.4 | 0.050 | 0.100 | 0.010 | 0.100 | - | - | - "
+                       "| 0.040 / 0.200 |")
+    assert rows[3] == "| sst | roberta_hnas | 1 | 85.0 | - | - | 0.050 | 0.100 | 0.010 | 0.100 | - | - | - | - |"
     se_acc = 100 * math.sqrt(((0.8 - 0.75) ** 2 + (0.7 - 0.75) ** 2) / 1 / 2)
     assert rows[4] == (f"| sst | roberta_discrete | 2 | 75.0 +- {se_acc:.1f} | 76.1 | -1.1 | 0.400 +- 0.100 | 0.300 "
-                       "| 0.150 +- 0.050 | 0.200 | 400 / 700, - | 0.200 / 0.400 (controller 0.600 / 0.800) |")
+                       "| 0.150 +- 0.050 | 0.200 | 0.250 (1 of 2 seeds) | 0.150 | 400 / 700, - "
+                       "| 0.200 / 0.400 (controller 0.600 / 0.800) |")
     # per layer: the mean over seeds, one row per stream
     assert rows[-3:] == ["| sst | roberta | model | 0.040 | 0.200 |",
                          "| sst | roberta_discrete | model | 0.200 | 0.400 |",

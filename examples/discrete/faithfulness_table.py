@@ -2,8 +2,9 @@
 """The Table 6.1 form (Kinley 2020) from finished classify.sh runs: per
 dataset and encoder, over seeds, mean +- standard error of the test
 accuracy (with the thesis's beside it and the gap to it) and of the mean
-Kendall tau (both importance forms), with the mean within-run standard
-deviation of tau beside it, the seeds counted, the updates each seed took
+Kendall tau (both importance forms, and the gradient's form with the
+attention detached, Jain & Wallace's code's, where the run has it), with
+the mean within-run standard deviation of tau beside it, the seeds counted, the updates each seed took
 (best dev checkpoint / updates run) and attention's share of the residual
 stream (first / last layer); then a second table with that share per layer.
 
@@ -11,8 +12,11 @@ stream (first / last layer); then a second table with that share per layer.
     python examples/discrete/faithfulness_table.py --row OUT/sst/roberta-seed1
 
 Reads OUT/<dataset>/<arch>-seed<N>/summary-{grad,grad-x-input}.json (the
-runs classify.sh wrote; a run without both files is not counted) and
-row.json where there is one (older runs: '-'). Writes the table to --out
+runs classify.sh wrote; a run without both files is not counted),
+summary-grad-detached.json where there is one (faithfulness.py
+--detach-attention, which table61.sh runs on every finished run; '-' where
+no seed has it, 'k of n seeds' where some have) and row.json where there is
+one (older runs: '-'). Writes the table to --out
 (through a temporary file) and prints it.
 
 --row RUN: the row of one finished run, from its summary files and its
@@ -37,6 +41,7 @@ from fairseq_dnas.analysis.files import write_json, write_text
 from fairseq_dnas.stats import mean_se_cell
 
 FORMS = ("grad", "grad-x-input")
+DETACHED = "grad-detached"  # summary-grad-detached.json: --importance grad --detach-attention
 ORDER = ("roberta", "roberta_dnas", "roberta_hnas", "roberta_discrete_single", "roberta_discrete", "roberta_two_stream")
 # Kinley (2020), Table 6.1: task accuracy (%) of TRANSFORMER and DISC TRANSF.
 THESIS_ACCURACY = {("sst", "roberta"): 79.6, ("sst", "roberta_discrete"): 76.1,
@@ -139,6 +144,8 @@ def collect(folder):
         if not m or not all(os.path.isfile(p) for p in files.values()):
             continue
         run = {f: json.load(open(p)) for f, p in files.items()}
+        detached = os.path.join(path, f"summary-{DETACHED}.json")
+        run[DETACHED] = json.load(open(detached)) if os.path.isfile(detached) else None
         row = os.path.join(path, "row.json")
         run["row"] = json.load(open(row)) if os.path.isfile(row) else None
         run["seed"] = int(m.group(2))
@@ -165,11 +172,23 @@ def mean_per_layer(seeds, key):
     return [sum(v) / len(v) for v in zip(*lists)]
 
 
+def detached_cells(seeds):
+    """[tau, std within run] of the detached form over the seeds that have
+    it ('k of n seeds' added when some lack it), or ['-', '-']."""
+    have = [s[DETACHED] for s in seeds if s[DETACHED] is not None]
+    if not have:
+        return ["-", "-"]
+    tau = mean_se_cell([d["tau_mean"] for d in have], 3, "+-")
+    if len(have) < len(seeds):
+        tau += f" ({len(have)} of {len(seeds)} seeds)"
+    return [tau, f"{sum(d['tau_std'] for d in have) / len(have):.3f}"]
+
+
 def table(datasets):
     lines = ["| dataset | encoder | seeds | accuracy (%) | thesis (%) | gap | tau, gradient | (std within run) "
-             "| tau, gradient x input | (std within run) | updates: best dev / run, per seed "
-             "| attention share, first / last layer |",
-             "|" + " --- |" * 12]
+             "| tau, gradient x input | (std within run) | tau, gradient, attention detached | (std within run) "
+             "| updates: best dev / run, per seed | attention share, first / last layer |",
+             "|" + " --- |" * 14]
     layers = []  # (dataset, arch, stream, per-layer mean over seeds)
     for name, folder in datasets:
         runs = collect(folder)
@@ -185,6 +204,7 @@ def table(datasets):
                 tau = mean_se_cell([s[form]["tau_mean"] for s in seeds], 3, "+-")
                 std = sum(s[form]["tau_std"] for s in seeds) / len(seeds)
                 cells += [tau, f"{std:.3f}"]
+            cells += detached_cells(seeds)
             cells.append(updates_cell(seeds))
             share = "-"
             for key, stream in SHARE_STREAMS:

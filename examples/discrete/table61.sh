@@ -5,7 +5,9 @@
 # (Jain & Wallace's binary split) and 20 Newsgroups hockey vs baseball; for
 # each, accuracy and the faithfulness metric (Kendall's tau between the
 # attention a position receives and its gradient importance, both importance
-# forms) and attention's share of the residual stream per layer; then the
+# forms, and the gradient's with the attention detached, Jain & Wallace's
+# code's form, computed here on each finished run's checkpoint_best.pt) and
+# attention's share of the residual stream per layer; then the
 # table, mean +- standard error over seeds, with the thesis's accuracies
 # beside and the updates each run took (examples/discrete/faithfulness_table.py)
 # -> OUT/table.md.
@@ -105,6 +107,26 @@ say "${#TODO[@]} runs to do, $JOBS at a time"
 log_of() { mkdir -p "$OUT/logs"; echo "$OUT/logs/${1//\//-}-seed$2.log"; }
 run_jobs run_job log_of ${TODO[@]+"${TODO[@]}"}
 [ "$JOBS_FAILED" = 0 ] || die "$JOBS_FAILED of ${#TODO[@]} runs failed (logs in $OUT/logs); re-run to retry them"
+
+# The detached form of the metric (faithfulness.py --detach-attention) on
+# every finished run that lacks it: runs finished before the option existed
+# get it here, without training again.
+for dataset in $DATASETS; do
+  spec="$(files "$dataset")"
+  read -r train dev test <<< "$spec"
+  for arch in $ARCHS; do
+    for seed in $SEEDS; do
+      run="$OUT/$dataset/$arch-seed$seed"
+      [ -s "$run/row.md" ] && [ ! -s "$run/summary-grad-detached.json" ] || continue
+      say "$dataset/$arch-seed$seed: tau with the attention detached"
+      "$PYTHON" -m fairseq_dnas.commands.faithfulness "$run/checkpoint_best.pt" --test "$test" --importance grad \
+        --detach-attention --labels "$arch" --json "$run/faithfulness-grad-detached.jsonl" \
+        > "$run/summary-grad-detached.json.tmp" 2> "$run/faithfulness-grad-detached.log" \
+        || { tail -3 "$run/faithfulness-grad-detached.log" >&2; die "faithfulness.py failed (log: $run/faithfulness-grad-detached.log)"; }
+      mv "$run/summary-grad-detached.json.tmp" "$run/summary-grad-detached.json"
+    done
+  done
+done
 
 "$PYTHON" "$HERE/faithfulness_table.py" --out "$OUT/table.md" \
   $(for d in $DATASETS; do echo "$d=$OUT/$d"; done)
