@@ -24,7 +24,7 @@ from helpers import ROOT
 from test_faithfulness import _probs
 
 from fairseq_dnas import hf
-from fairseq_dnas.analysis.faithfulness import IMPORTANCE_FORMS, kendall_tau
+from fairseq_dnas.analysis.faithfulness import IMPORTANCE_FORMS, attention_received, kendall_tau
 from fairseq_dnas.commands import hf_faithfulness as command
 from fairseq_dnas.hf import faithfulness as HF
 
@@ -374,3 +374,48 @@ def test_command_bad_input_gives_one_line_and_exit_1(saved, tmp_path, capsys):
             (args, err)
     assert not json_out.exists()
 
+
+
+def _argmax_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """A scheme registered from outside (as fairseq_dnas.hf's 'discrete' is):
+    one key per query, the argmax of the masked scores; weights returned
+    when output_attentions is asked for."""
+    p = HF.softmax_weights(query, key, attention_mask, scaling)
+    one_hot = F.one_hot(p.argmax(-1), p.shape[-1]).to(value.dtype)
+    out = torch.matmul(one_hot, value).transpose(1, 2)
+    return out, one_hot if kwargs.get("output_attentions") else None
+
+
+def test_any_registered_scheme_is_read_and_one_without_weights_refused(tokenizers):
+    """A scheme the reader does not know (registered with AttentionInterface,
+    as hf.enable's schemes are) is read through its own weights: one-hot
+    rows here, so a_j counts the queries whose argmax is j; a function that
+    returns no weights is refused in one line, not read as softmax."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    tok = tokenizers["bert"]
+    model = _model("bert", tok)
+    AttentionInterface.register("test_argmax", _argmax_attention)
+    AttentionMaskInterface.register("test_argmax", sdpa_mask)
+    model.set_attn_implementation("test_argmax")
+    encoded = dict(tok(SENTENCES, padding=True, return_tensors="pt", return_special_tokens_mask=True))
+    r = HF.explain_batch(model, encoded)
+    with torch.no_grad():
+        own = model(**HF.model_inputs(model, encoded), output_attentions=True).attentions
+    counts = attention_received([w.transpose(0, 1) for w in own], encoded["attention_mask"].eq(0),
+                                encoded["special_tokens_mask"].bool())
+    torch.testing.assert_close(r["attention"], counts, atol=0, rtol=0)
+    assert set(r["attention"][r["real"]].tolist()) <= set(float(n) for n in range(100))  # whole counts
+    assert float(r["importance"]["grad"][r["real"]].min()) >= 0
+
+    def no_weights(module, query, key, value, attention_mask, **kwargs):
+        out, _ = _argmax_attention(module, query, key, value, attention_mask, **kwargs)
+        return out, None
+
+    AttentionInterface.register("test_no_weights", no_weights)
+    AttentionMaskInterface.register("test_no_weights", sdpa_mask)
+    model.set_attn_implementation("test_no_weights")
+    with pytest.raises(ValueError, match="returns no weights"):
+        HF.explain_batch(model, encoded)
+    assert model.config._attn_implementation == "test_no_weights"  # restored after the refusal

@@ -171,8 +171,8 @@ def test_detached_attention_changes_the_importance_only(arch, extra):
     assert len(probe.modules) == len(model.encoder.layers) + 2 * len(model.decoder.layers)
     r = FA.explain_translation_batch(model, src, src_lengths, prev, target, detach_attention=True)
     torch.testing.assert_close(r["logprob"], plain["logprob"], atol=1e-9, rtol=1e-6)
-    for kind in ("encoder", "cross"):
-        torch.testing.assert_close(r["attention"][kind], plain["attention"][kind], atol=1e-10, rtol=0)
+    for kind in ("encoder", "cross"):  # fairseq's MultiheadAttention weights: a float32 softmax (above)
+        torch.testing.assert_close(r["attention"][kind], plain["attention"][kind], atol=1e-5, rtol=0)
     real = plain["real"]
     assert not torch.allclose(r["importance"]["grad"][real], plain["importance"]["grad"][real], rtol=1e-3)
 

@@ -249,6 +249,15 @@ class DetachedAttention(Hooks):
                                "were not called in the forward, so their attention was not detached")
 
 
+def predicted_probability(logits: Tensor):
+    """(class probabilities (B, C), prediction (B,), y_hat (B,)): the
+    softmax of the logits, its argmax and the probability of the argmax, the
+    y_hat whose gradient is the importance."""
+    probs = torch.softmax(logits, dim=-1)
+    prediction = probs.argmax(-1)
+    return probs, prediction, probs.gather(1, prediction[:, None]).squeeze(1)
+
+
 def _detaching(model, detach: bool, decoder: bool = False):
     """``DetachedAttention`` when ``detach``, else a context that does nothing."""
     from contextlib import nullcontext
@@ -283,9 +292,7 @@ def explain_batch(model, tokens: Tensor, head: str, init_token: Optional[int],
             logits, _ = model(tokens, features_only=True, classification_head_name=head)
             if detach_attention:
                 detached.check()
-            probs = torch.softmax(logits, dim=-1)
-            prediction = probs.argmax(-1)
-            y_hat = probs.gather(1, prediction[:, None]).squeeze(1)
+            probs, prediction, y_hat = predicted_probability(logits)
             # One backward for the batch: examples do not interact, so the
             # gradient of sum_b y_hat_b at example b's h0 is d y_hat_b / d h0.
             (grad,) = torch.autograd.grad(y_hat.sum(), keep.value)

@@ -219,13 +219,17 @@ def run(args, p):
         report(labels[k], summary)
         per_example.append(rows)
         series.append((labels[k], scheme, [r["tau"] for r in rows if r["tau"] is not None]))
-    # Written when every model is done: bad input leaves no file behind.
-    for path, rows in zip(args.json or [], per_example):
+    finish(args, per_example, series, "" if args.from_json else f" ({metric_name(args)}, {args.attention} attention)")
+
+
+def finish(args, per_model, series, what):
+    """The --json files (one per model) and the --plot histograms, written
+    when every model is done: bad input leaves no file behind."""
+    for path, rows in zip(args.json or [], per_model):
         write_rows(path, rows)
     if args.plot:
         from fairseq_dnas.analysis.plots import plot_tau_histograms
 
-        what = "" if args.from_json else f" ({metric_name(args)}, {args.attention} attention)"
         plot_tau_histograms(series, args.plot, what)
 
 
@@ -259,11 +263,22 @@ def main(argv=None):
     add_metric_options(p, "example")
     p.add_argument("--data", help="fine-tuning data (OUT_DIR/bin/<task>); default: the checkpoint's")
     p.add_argument("--spm", help="SentencePiece model; default: DATA/../sp.model")
-    p.add_argument("--batch", type=int, default=64, help="sentences per forward and backward pass")
+    add_run_options(p, batch=64)
+    args = parse_run_args(p, argv)
+    return sentence_classify.exit_status("faithfulness", run, args, p)
+
+
+def add_run_options(p, batch):
+    """--batch (default ``batch``), --max-examples and --threads."""
+    p.add_argument("--batch", type=int, default=batch, help="sentences per forward and backward pass")
     p.add_argument("--max-examples", type=int, default=0, help="the first N sentences only (0: all)")
     # The matrices are small (thesis-size encoders): intra-op threads gain
     # little, and on a busy machine 2 threads took 15 times longer than 1.
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+
+
+def parse_run_args(p, argv):
+    """The parsed arguments, --batch checked and torch's threads set."""
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error("--batch must be at least 1")
@@ -271,7 +286,7 @@ def main(argv=None):
         import torch
 
         torch.set_num_threads(args.threads)
-    return sentence_classify.exit_status("faithfulness", run, args, p)
+    return args
 
 
 if __name__ == "__main__":

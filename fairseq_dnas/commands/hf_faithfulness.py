@@ -42,7 +42,8 @@ import os
 import sys
 import time
 
-from fairseq_dnas.commands.faithfulness import add_metric_options, check_counts, metric_name, report, write_rows
+from fairseq_dnas.commands.faithfulness import (add_metric_options, add_run_options, check_counts, finish, metric_name,
+                                                parse_run_args, report)
 from fairseq_dnas.commands.sentence_classify import BadInput, exit_status, read_labelled
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
@@ -124,13 +125,7 @@ def run(args):
         report(label, summary)
         per_model.append(rows)
         series.append((label, summary["scheme"], [r["tau"] for r in rows if r["tau"] is not None]))
-    # Written when every model is done: bad input leaves no file behind.
-    for path, rows in zip(args.json or [], per_model):
-        write_rows(path, rows)
-    if args.plot:
-        from fairseq_dnas.analysis.plots import plot_tau_histograms
-
-        plot_tau_histograms(series, args.plot, f" ({metric_name(args)})")
+    finish(args, per_model, series, f" ({metric_name(args)})")
 
 
 def main(argv=None):
@@ -139,16 +134,8 @@ def main(argv=None):
                    help="save_pretrained folders of ...ForSequenceClassification models with their tokenizer")
     p.add_argument("--test", required=True, help="sentence<TAB>label file (label: the class index)")
     add_metric_options(p, "sentence", streams=False)
-    p.add_argument("--batch", type=int, default=32, help="sentences per forward and backward pass")
-    p.add_argument("--max-examples", type=int, default=0, help="the first N sentences only (0: all)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
-    args = p.parse_args(argv)
-    if args.batch < 1:
-        p.error("--batch must be at least 1")
-    if args.threads > 0:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    add_run_options(p, batch=32)
+    args = parse_run_args(p, argv)
     return exit_status("hf_faithfulness", run, args)
 
 

@@ -40,7 +40,7 @@ import os
 import sys
 import time
 
-from fairseq_dnas.commands.faithfulness import add_metric_options, check_counts, metric_name, write_rows
+from fairseq_dnas.commands.faithfulness import add_metric_options, check_counts, finish, metric_name
 from fairseq_dnas.commands.sentence_classify import BadInput, exit_status
 
 ATTENTIONS = ("encoder", "cross")
@@ -147,13 +147,7 @@ def run(args):
         per_model.append(rows)
         for kind in ATTENTIONS:
             series.append((f"{label} ({kind})", None, [r[f"tau_{kind}"] for r in rows if r[f"tau_{kind}"] is not None]))
-    # Written when every model is done: bad input leaves no file behind.
-    for path, rows in zip(args.json or [], per_model):
-        write_rows(path, rows)
-    if args.plot:
-        from fairseq_dnas.analysis.plots import plot_tau_histograms
-
-        plot_tau_histograms(series, args.plot, f" (translation, {metric_name(args)})")
+    finish(args, per_model, series, f" (translation, {metric_name(args)})")
 
 
 def main(argv=None):

@@ -120,6 +120,9 @@ class AttentionReader:
         if bidirectional:
             groups = getattr(module, "num_key_value_groups", 1)
             k, v = (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
+            if weights is None and function is not sdpa_attention_forward:
+                raise ValueError(f"the attention function of {self.original!r} returns no weights with "
+                                 "output_attentions=True, so the attention the model used cannot be read")
             p = weights if weights is not None else softmax_weights(query, k, attention_mask, kwargs.get("scaling"))
             check_same_output(torch.matmul(p.to(v.dtype), v).transpose(1, 2), out,
                               f"{type(module).__name__} ({self.original})")
@@ -179,9 +182,7 @@ def explain_batch(model, encoded: dict, detach_attention: bool = False) -> dict:
     try:
         with AttentionReader(model, detach_attention) as reader, torch.enable_grad():
             logits = model(**model_inputs(model, encoded)).logits
-            probs = torch.softmax(logits, dim=-1)
-            prediction = probs.argmax(-1)
-            y_hat = probs.gather(1, prediction[:, None]).squeeze(1)
+            probs, prediction, y_hat = F.predicted_probability(logits)
             (grad,) = torch.autograd.grad(y_hat.sum(), keep.value)
     finally:
         handle.remove()
