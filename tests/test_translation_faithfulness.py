@@ -150,14 +150,29 @@ def test_translation_metric_matches_a_float64_recomputation_one_sentence_at_a_ti
     assert not torch.allclose(r["attention"]["encoder"].double(), r["attention"]["cross"].double())
 
 
+def _constant_attention(module, args, kwargs, output):
+    """Forward hook: the module's output recomputed as out_proj(P v), P its
+    probabilities (H, B, T_q, T_k) from a re-run without gradient, v =
+    v_proj(value) with gradient."""
+    from fairseq_dnas.analysis.capture import call_kwargs, head_probs
+
+    call = call_kwargs(args, kwargs)
+    _, p = head_probs(module, call)
+    value = call["query"] if module.self_attention else call["value"]
+    t_k, b, c = value.shape
+    v = module.v_proj(value).view(t_k, b, module.num_heads, module.head_dim).permute(1, 2, 0, 3)  # (B, H, T_k, D)
+    out = (p.transpose(0, 1).to(v.dtype) @ v).permute(2, 0, 1, 3).reshape(-1, b, c)  # (T_q, B, C)
+    return module.out_proj(out), output[1]
+
+
 @pytest.mark.parametrize("arch,extra", ARCHS[:2], ids=[a for a, _ in ARCHS[:2]])
 def test_detached_attention_changes_the_importance_only(arch, extra):
     """detach_attention=True detaches every attention of the model (encoder
     self-attention, decoder self- and cross-attention: DetachedAttention
     refuses a forward in which one of them was not called): the
-    log-probability and the attention stay, the importance changes (the
-    mechanism is checked against a float64 forward written out in
-    tests/test_faithfulness.py and tests/test_hf_faithfulness.py)."""
+    log-probability and the attention stay, the importance changes, and it
+    equals the ordinary metric of the model whose every attention output is
+    recomputed here from its probabilities held constant."""
     torch.manual_seed(0)
     model = build_model(arch, extra).double().eval()
     for m in model.modules():
@@ -170,6 +185,19 @@ def test_detached_attention_changes_the_importance_only(arch, extra):
     probe.check()
     assert len(probe.modules) == len(model.encoder.layers) + 2 * len(model.decoder.layers)
     r = FA.explain_translation_batch(model, src, src_lengths, prev, target, detach_attention=True)
+    # Independently: every attention module's output replaced by one computed
+    # here, out_proj(P v_proj(value)) with P the module's own probabilities
+    # read without gradient (a constant), then the ordinary metric.
+    handles = [m.register_forward_hook(_constant_attention, with_kwargs=True)
+               for m in model.modules() if type(m).__name__.endswith("MultiheadAttention")]
+    try:
+        by_hand = FA.explain_translation_batch(model, src, src_lengths, prev, target)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(handles) == len(model.encoder.layers) + 2 * len(model.decoder.layers)
+    for form in FA.IMPORTANCE_FORMS:  # fairseq's attention weights: a float32 softmax (above)
+        torch.testing.assert_close(r["importance"][form], by_hand["importance"][form], atol=1e-8, rtol=1e-5)
     torch.testing.assert_close(r["logprob"], plain["logprob"], atol=1e-9, rtol=1e-6)
     for kind in ("encoder", "cross"):  # fairseq's MultiheadAttention weights: a float32 softmax (above)
         torch.testing.assert_close(r["attention"][kind], plain["attention"][kind], atol=1e-5, rtol=0)
