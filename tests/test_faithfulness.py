@@ -305,7 +305,8 @@ def _reference(model, ids, residual=None, detach=False):
         ref = reference_probs(scores[None], getattr(m, "scheme", "unas"), hybrid_weight=u)[0]
         torch.testing.assert_close(p.detach(), ref, atol=1e-12, rtol=0)
         attention.append(p.detach())
-        o = F.linear(((p.detach() if detach else p) @ v).transpose(0, 1).reshape(t, h * d), P(m.out_proj.weight), P(m.out_proj.bias))
+        pv = (p.detach() if detach else p) @ v  # detach: P a constant, the gradient through v only
+        o = F.linear(pv.transpose(0, 1).reshape(t, h * d), P(m.out_proj.weight), P(m.out_proj.bias))
         if residual is not None:
             residual.append((o.detach(), x.detach()))
         n1, n2 = layer.self_attn_layer_norm, layer.final_layer_norm

@@ -274,6 +274,8 @@ def test_training_mode_and_bad_importance_are_refused(tokenizers):
         HF.explain_batch(model.train(), encoded)
     with pytest.raises(ValueError, match="grad-x-input"):
         HF.faithfulness(model.eval(), tok, SENTENCES, importance="saliency")
+    summary, rows = HF.faithfulness(model, tok, SENTENCES[:2])  # no gold labels: no accuracy
+    assert summary["n"] == 2 and summary["accuracy"] != summary["accuracy"] and rows[0]["label"] is None
 
 
 # --- the command --------------------------------------------------------------------

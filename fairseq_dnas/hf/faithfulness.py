@@ -237,6 +237,7 @@ def faithfulness(model, tokenizer, sentences: Sequence[str], gold: Optional[Sequ
                        "label": None if gold is None else names[int(gold[i])],
                        "prediction": names[int(r["prediction"][b])]}
     predicted = [names.index(row["prediction"]) for row in rows]
-    summary = F.summarize([row["tau"] for row in rows], gold if gold is not None else [], predicted if gold is not None else [])
+    labelled = gold is not None  # without gold labels the accuracy is NaN
+    summary = F.summarize([row["tau"] for row in rows], gold if labelled else [], predicted if labelled else [])
     summary.update({"importance": importance, "detach_attention": detach_attention})
     return summary, rows
