@@ -1,0 +1,247 @@
+"""One source for every figure: the pages quote their dated records.
+
+A measured figure is written by hand once, in its dated record under
+``docs/results/``. Every page that shows one (``README.md``, ``docs/*.md``,
+``examples/*/README.md``, ``docs/results/README.md``) is checked here against
+the records (the rule is written out in docs/results/README.md, "How a page
+quotes a figure"):
+
+- a page is cut into units: a table row, or a paragraph (a list item is its
+  own paragraph); code blocks, code spans, link targets, HTML comments, dates
+  and clock times are not figures;
+- a unit that links a record (``docs/results/YYYY-MM-DD-*.md``) quotes it:
+  every number in the unit, settings such as "600 updates" or "T 1,024"
+  included, appears in one of the records it links (``+-``/``±`` and
+  thousands separators normalised, numbers compared by value);
+- a unit that states a measured figure (a ratio such as ``1.03x``, a
+  ``+-``/``±`` spread, a percentage, a time in s/ms/minutes, a memory size,
+  or a decimal next to a metric's name) links its record; a unit that quotes
+  figures not measured here (the paper's, the thesis's) says so with an
+  ``<!-- not measured here: ... -->`` comment on the line above it (for a
+  table: above the table);
+- no page says a figure is "to be redone" or "still to run": a row is
+  current or gone (superseded figures stay in their dated records).
+"""
+
+import decimal
+import os
+import re
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join("docs", "results")
+
+# A record's file name, at the end of a link target (relative from any page).
+RECORD_LINK = re.compile(r"\]\((?:[\w./-]*/)?(?:docs/results/)?(\d{4}-\d{2}-\d{2}-[\w.-]+\.md)(?:#[\w-]*)?\)")
+NOT_MEASURED = re.compile(r"<!--\s*not measured here:.*?-->")
+CURRENT_FIGURES_LINK = re.compile(r"\]\((?:[\w./-]*/)?(?:docs/)?results/README\.md#current-figures\)")
+STALE = re.compile(r"to be redone|still to run|to be rerun|not yet (?:re)?measured again", re.I)
+
+# What is not a figure: removed before numbers are read.
+NOT_FIGURES = [
+    re.compile(r"<!--.*?-->", re.S),                      # comments
+    re.compile(r"`[^`]*`"),                                # code spans: commands, flags, names
+    re.compile(r"\]\([^)]*\)"),                            # link targets (the link text stays)
+    re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),                 # dates
+    re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\b"),          # clock times
+    re.compile(r"https?://\S+"),
+    re.compile(r"\b95% (?:bootstrap )?(?:confidence )?intervals?"),  # a setting of the statistics
+    re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"),  # commits
+    re.compile(r"(?:\b[A-Z][a-z]+,? |\()20[0-2]\d\b"),  # a year after a name: Kinley 2020, (2020)
+]
+NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE][-+]?\d+)?(?![\d])")
+
+# What states a measured figure.
+METRIC = r"(?:accuracy|BLEU|chrF|ROUGE|F1|MCC|perplexity|tau|precision|recall|GPU time|time per|x fairseq|x SDPA)"
+MEASURED = [
+    re.compile(r"(?<![\w.])\d+(?:\.\d+)?x(?![\w])"),                       # a ratio: 1.03x
+    re.compile(r"\d\s*(?:\+-|±)\s*\d"),                                     # a spread over seeds
+    re.compile(r"\d(?:\.\d+)?\s?%"),                                        # a percentage
+    re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:s|ms|µs|minutes|seconds|MiB|GiB)\b"),  # time, memory
+    re.compile(METRIC + r"[^|.;]{0,40}?(?<![\w.])\d+\.\d+", re.I),           # a metric, then a decimal
+]
+
+
+def numbers(text):
+    """The numbers of ``text`` that may be figures, as Decimals."""
+    for pattern in NOT_FIGURES:
+        text = pattern.sub(" ", text)
+    text = text.replace("±", "+-")
+    out = set()
+    for m in NUMBER.finditer(text):
+        out.add(decimal.Decimal(m.group(0).replace(",", "")).normalize())
+    return out
+
+
+def states_a_figure(text):
+    for pattern in NOT_FIGURES:
+        text = pattern.sub(" ", text)
+    return any(p.search(text) for p in MEASURED)
+
+
+def units(text):
+    """(first line number, text, exempt) of each table row and paragraph
+    outside code fences; ``exempt``: a ``not measured here`` comment stands
+    on the line above the paragraph or the table."""
+    out, block, start, fenced, exempt_next, table_exempt = [], [], 0, False, False, False
+
+    def flush():
+        nonlocal block, exempt_next
+        if block:
+            out.append((start, " ".join(block), exempt_next))
+            exempt_next = False
+        block = []
+
+    for i, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            flush()
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if NOT_MEASURED.fullmatch(stripped):
+            flush()
+            exempt_next = True
+            continue
+        if stripped.startswith("|"):
+            flush()
+            if not table_exempt and exempt_next:
+                table_exempt = True
+            out.append((i, stripped, table_exempt))
+            exempt_next = False
+            continue
+        table_exempt = False
+        if not stripped or stripped.startswith("#") or re.match(r"([-*]|\d+\.)\s", stripped):
+            flush()
+            if stripped.startswith("#"):
+                out.append((i, stripped, False))
+                continue
+        if stripped:
+            if not block:
+                start = i
+            block.append(stripped)
+    flush()
+    return out
+
+
+def pages():
+    """The pages that show figures: the README, the guides in docs/, the
+    results index and the recipes' READMEs."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    return sorted(p for p in listed if os.path.isfile(os.path.join(ROOT, p))
+                  and re.fullmatch(r"README\.md|docs/[\w-]+\.md|docs/results/README\.md|examples/[\w-]+/README\.md", p))
+
+
+_RECORDS = {}
+
+
+def record_numbers(name):
+    if name not in _RECORDS:
+        path = os.path.join(ROOT, RESULTS, name)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if name == "README.md":  # the index: only its current-figures table is a source
+            text = re.search(r"## Current figures\n(.*?)(?:\n## |\Z)", text, re.S).group(1)
+        _RECORDS[name] = numbers(text)
+    return _RECORDS[name]
+
+
+def sections(text):
+    """Each unit with the record links of its section (the units under one
+    heading, up to the next heading of any level)."""
+    out, current = [], []
+    for unit in units(text):
+        if unit[1].startswith("#"):
+            current = []
+            out.append((unit, current))
+            continue
+        current += [r for r in RECORD_LINK.findall(unit[1]) if r not in current]
+        out.append((unit, current))
+    return out
+
+
+def problems(page, text):
+    """Why each unit of ``page`` breaks the rule (empty: it keeps it)."""
+    out = []
+    for (line, unit, exempt), section_records in sections(text):
+        where = f"{page}:{line}"
+        if STALE.search(unit):
+            out.append(f"{where}: says a figure is stale ({STALE.search(unit).group(0)!r}): "
+                       "show the current one with its record, or remove the row")
+            continue
+        if exempt:
+            continue
+        # its own links; else, where it states a figure, its section's (a table or a list reads
+        # the record its section links); a unit that neither links nor states a figure is prose
+        own = sorted(set(RECORD_LINK.findall(unit)))
+        if CURRENT_FIGURES_LINK.search(unit):
+            own.append("README.md")  # the current-figures table of docs/results/README.md
+        figure = states_a_figure(unit)
+        records = own or (sorted(set(section_records)) if figure else [])
+        missing_files = [r for r in records if not os.path.isfile(os.path.join(ROOT, RESULTS, r))]
+        if missing_files:
+            out.append(f"{where}: links records that do not exist: {missing_files}")
+        elif records:
+            known = set().union(*(record_numbers(r) for r in records))
+            stray = sorted(n for n in numbers(unit) if n not in known)
+            if stray:
+                out.append(f"{where}: {', '.join(format(n, 'f') for n in stray)} not in {', '.join(records)}")
+        elif figure:
+            out.append(f"{where}: states a figure without a record in docs/results/ linked from it or "
+                       f"its section: {unit[:120]}")
+    return out
+
+
+# ------------------------------------------------------------ the rule itself
+
+def test_numbers_normalise_separators_and_spreads():
+    assert numbers("77.9 +- 0.2 and 1,024 tokens; 0.245") == {decimal.Decimal(x).normalize()
+                                                              for x in ("77.9", "0.2", "1024", "0.245")}
+    assert numbers("77.9 ± 0.2") == numbers("77.9 +- 0.2")
+    assert numbers("`--lr 5e-4` [x](2026-11-27-a.md) on 2026-11-27 at 01:30, fp16, sm_90") == set()
+    assert numbers("1.00 and 1") == {decimal.Decimal(1)}
+
+
+def test_what_states_a_figure():
+    for text in ("DNAS 1.03x", "77.9 +- 0.2", "96.7% at depth 1", "640 s", "0.37 MiB",
+                 "BLEU 8.13", "Kendall tau 0.245"):
+        assert states_a_figure(text), text
+    for text in ("fairseq's `transformer` (base)", "12 + 12 layers", "head size 64", "Table 6.1",
+                 "`--hybrid-init U` | 0.5", "Python 3.11"):
+        assert not states_a_figure(text), text
+
+
+def test_a_row_that_contradicts_its_record_fails():
+    """README's Table 6.1 row before issue 42: 78.7 / 0.099 are not in the
+    3-seed record it should quote."""
+    row = ("| SST, accuracy (%) / Kendall tau | 3 seeds | 78.7 +- 0.2 / 0.099 +- 0.019 | "
+           "[record](docs/results/2026-11-27-cpu-table61-3seeds.md) |")
+    found = problems("README.md", row)
+    assert len(found) == 1 and "78.7" in found[0] and "0.099" in found[0]
+    good = ("| SST, accuracy (%) / Kendall tau | 3 seeds | 77.9 +- 0.2 / 0.245 | "
+            "[record](docs/results/2026-11-27-cpu-table61-3seeds.md) |")
+    assert problems("README.md", good) == []
+
+
+def test_a_figure_without_a_record_fails_unless_marked():
+    assert problems("x.md", "DNAS is 1.28x per update.")
+    assert problems("x.md", "<!-- not measured here: the paper's Table 3 -->\n| a | 38.02 +- 0.1 |\n| b | 1.5x |") == []
+    assert problems("x.md", "<!-- not measured here: the paper -->\n| a | 38.02 +- 0.1 |\n\nthen 1.5x") != []
+
+
+def test_stale_phrases_fail():
+    assert problems("x.md", "| Table 6.5 | 1 seed (the 3-seed table is still to run) |")
+    assert problems("x.md", "measured before the change (to be redone)")
+
+
+# ------------------------------------------------------------ the pages
+
+@pytest.mark.parametrize("page", pages())
+def test_every_figure_on_the_page_is_its_records(page):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        found = problems(page, f.read())
+    assert not found, "\n".join(found)
