@@ -133,16 +133,16 @@ def test_every_result_is_in_the_index():
     assert not missing, f"docs/results/README.md does not list {missing}"
 
 
-# ------------------------------------------------------- the README's layout
+# ------------------------------------------------------- the layout (docs/layout.md)
 
 def _layout_entries():
-    """(depth, names) of each entry of the README's layout block: a line
+    """(depth, names) of each entry of docs/layout.md's block: a line
     indented by two spaces a level, names separated by ", " (a folder ends in
     /), then two or more spaces and the description; lines indented 20 or
     more continue a description."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8") as f:
         text = f.read()
-    block = re.search(r"## Layout\n.*?```\n(.*?)```", text, re.S).group(1)
+    block = re.search(r"# Layout\n.*?```\n(.*?)```", text, re.S).group(1)
     entries = []
     for line in block.splitlines():
         indent = len(line) - len(line.lstrip(" "))
@@ -172,14 +172,14 @@ def _layout_paths():
     return paths
 
 
-def test_readme_layout_matches_git_ls_files():
+def test_layout_matches_git_ls_files():
     tracked = set(_tracked(("",)))
     paths = _layout_paths()
     missing = [p for p in paths if not (p in tracked or (p.endswith("/") and any(t.startswith(p) for t in tracked)))]
-    assert not missing, f"the README's layout names what git does not track: {missing}"
+    assert not missing, f"docs/layout.md names what git does not track: {missing}"
     leaves = [p for p, leaf in paths.items() if leaf]
     uncovered = [t for t in sorted(tracked) if not any(t == p or (p.endswith("/") and t.startswith(p)) for p in leaves)]
-    assert not uncovered, f"the README's layout misses: {uncovered}"
+    assert not uncovered, f"docs/layout.md misses: {uncovered}"
 
 
 # ------------------------------------------- figures: one place, one record
