@@ -49,7 +49,10 @@ NOT_FIGURES = [
     re.compile(r"https?://\S+"),
     re.compile(r"\b95% (?:bootstrap )?(?:confidence )?intervals?"),  # a setting of the statistics
     re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"),  # commits
-    re.compile(r"(?:\b[A-Z][a-z]+,? |\()20[0-2]\d\b"),  # a year after a name: Kinley 2020, (2020)
+    re.compile(r"(?:\b[A-Z][a-z]+,? |\(|, )20[0-2]\d\b(?!-)"),  # a year: Kinley 2020, (2020), thesis, 2020
+    # references to the paper's or thesis's parts: Table 6.1, Tables 6.2 and 6.4, section 5.2
+    re.compile(r"\b(?:Tables?|Figures?|[Ss]ections?|Theorem|Algorithm|Appendix|Eq\.)\s+\d+(?:\.\d+)?"
+               r"(?:\s*(?:,|and|-)\s*\d+(?:\.\d+)?)*"),
 ]
 NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE][-+]?\d+)?(?![\d])")
 
@@ -94,8 +97,13 @@ def units(text):
             exempt_next = False
         block = []
 
+    indented_code = False
     for i, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
+        # an indented code block: four spaces after a blank line, up to the next blank line
+        indented_code = bool(stripped) and (indented_code or (not block and line.startswith("    ")))
+        if indented_code and not fenced:
+            continue
         if stripped.startswith("```"):
             flush()
             fenced = not fenced
