@@ -51,7 +51,7 @@ NOT_FIGURES = [
     re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"),  # commits
     re.compile(r"(?:\b[A-Z][a-z]+,? |\(|, )20[0-2]\d\b(?!-)"),  # a year: Kinley 2020, (2020), thesis, 2020
     # versions: Python 3.11, torch >= 2.6, fairseq 0.12.3, CPython 3.11/3.12; a platform
-    re.compile(r"(?i)\b(?:c?python|torch|fairseq|cuda|triton|transformers|numpy|rouge)[\w`-]*\W{0,3}(?:[<>=]=?\s*)?"
+    re.compile(r"(?i)\b(?:c?python|torch|fairseq|cuda|triton|transformers|numpy)[\w`-]*\W{0,3}(?:[<>=]=?\s*)?"
                r"\d+(?:\.\d+)+(?:/\d+(?:\.\d+)+)*"),
     re.compile(r"\b\d+\.\d+\.\d+(?:\.\d+)?\b|\bx86-64\b|\bsm_\d+"),
     # a threshold is a setting: ROUGE-1 >= 6, T <= 128
