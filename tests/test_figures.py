@@ -21,6 +21,12 @@ quotes a figure"):
   table: above the table);
 - no page says a figure is stale (``STALE``: "to be re-done" and the like): a row is
   current or gone (superseded figures stay in their dated records).
+
+Two stricter checks stay as they were: each figure of the current-figures
+table is written in its record as the table writes it (and the README's two
+commands quote their times from that table, so a new fresh-clone measurement
+updates one table), and a recipe README's "Current results" table rows are
+copies of rows of the records its section links.
 """
 
 import decimal
@@ -266,3 +272,74 @@ def test_every_figure_on_the_page_is_its_records(page):
     with open(os.path.join(ROOT, page), encoding="utf-8") as f:
         found = problems(page, f.read())
     assert not found, "\n".join(found)
+
+
+# ------------------------------------------------------------ the current-figures table and the README's times
+
+def _current_figures():
+    """(fact, figure, record file) of each row of docs/results/README.md's
+    current-figures table."""
+    with open(os.path.join(ROOT, "docs", "results", "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = re.search(r"## Current figures\n(.*?)(?:\n## |\Z)", text, re.S).group(1)
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] not in ("fact", "---"):
+            record = re.search(r"\]\(([\w.-]+\.md)\)", cells[2])
+            assert record, f"a current figure without its record: {line}"
+            rows.append((cells[0], cells[1].strip("*"), record.group(1)))
+    return rows
+
+
+def test_every_current_figure_is_in_its_record():
+    """Each figure of the current-figures table, as written there (the
+    page-wide rule below also checks its other numbers by value)."""
+    rows = _current_figures()
+    assert len(rows) >= 5
+    for fact, figure, record in rows:
+        with open(os.path.join(ROOT, "docs", "results", record), encoding="utf-8") as f:
+            assert figure in f.read(), f"{fact}: {figure} is not in {record}"
+
+
+def test_the_readme_times_are_the_current_figures():
+    """The README's two commands quote their times from the current-figures
+    table, and link it; no other guide gives those times."""
+    figures = {fact: figure for fact, figure, _ in _current_figures()}
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    commands = readme[readme.index("## Two commands"):readme.index("\n## ", readme.index("## Two commands") + 1)]
+    quoted = re.findall(r"Time: (.*?)\(\[current figures\]\(docs/results/README\.md#current-figures\)\)", commands, re.S)
+    assert len(quoted) == 2, "each of the two commands: 'Time: ... ([current figures](docs/results/README.md#current-figures))'"
+    for fact in ("install", "Gigaword quickstart", "README test command"):
+        assert figures[fact] in commands, f"the README does not quote the current {fact} figure {figures[fact]}"
+    others = [f for f in re.findall(r"\b\d[\d,]* s\b", " ".join(quoted)) if f not in figures.values()]
+    assert not others, f"times in the README's two commands that are not current figures: {others}"
+
+
+# ------------------------------------------------------------ the recipes' current results
+
+RECIPES_WITH_CURRENT_RESULTS = ("discrete", "gigaword", "hf", "masked_lm", "translation")
+
+
+def test_recipe_result_tables_are_their_records():
+    """A recipe README's current results are copies of its dated record:
+    every table row there (with a figure) is a row of a record the section
+    links in docs/results/."""
+    for recipe in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+        path = os.path.join(ROOT, "examples", recipe, "README.md")
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        m = re.search(r"\n## Current results\n(.*?)(?:\n## |\Z)", text, re.S)
+        if m is None:
+            assert recipe not in RECIPES_WITH_CURRENT_RESULTS, f"examples/{recipe}/README.md: no current results"
+            continue
+        records = set(re.findall(r"\]\(\.\./\.\./docs/results/([\w.-]+\.md)(?:#[\w-]+)?\)", m.group(1)))
+        assert records, f"examples/{recipe}/README.md: current results without a record in docs/results/"
+        record_text = "".join(open(os.path.join(ROOT, "docs", "results", r), encoding="utf-8").read() for r in records)
+        rows = [line for line in m.group(1).splitlines() if line.startswith("|") and re.search(r"\d", line)]
+        assert rows
+        stray = [row for row in rows if row not in record_text]
+        assert not stray, f"examples/{recipe}/README.md rows not in {sorted(records)}: {stray}"
