@@ -15,7 +15,10 @@ quotes a figure"):
   thousands separators normalised, numbers compared by value);
 - a unit that states a measured figure (a ratio such as ``1.03x``, a
   ``+-``/``±`` spread, a percentage, a time in s/ms/minutes, a memory size,
-  or a decimal next to a metric's name) links its record; a unit that quotes
+  or a decimal next to a metric's name) without a record link of its own
+  reads the records linked in its section (up to the next heading: a table
+  under its caption, readings under their table) and is checked against
+  them; with no record in reach it fails; a unit that quotes
   figures not measured here (the paper's, the thesis's) says so with an
   ``<!-- not measured here: ... -->`` comment on the line above it (for a
   table: above the table);
