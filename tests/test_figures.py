@@ -98,7 +98,9 @@ def numbers(text):
 def states_a_figure(text):
     for pattern in NOT_FIGURES:
         text = pattern.sub(" ", text)
-    return any(p.search(text) for p in MEASURED)
+    # a table row of three or more decimals is a row of results
+    return any(p.search(text) for p in MEASURED) or (
+        text.startswith("|") and len(re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", text)) >= 3)
 
 
 def units(text):
