@@ -15,7 +15,8 @@ quotes a figure"):
   thousands separators normalised, numbers compared by value);
 - a unit that states a measured figure (a ratio such as ``1.03x``, a
   ``+-``/``±`` spread, a percentage, a time in s/ms/minutes, a memory size,
-  or a decimal next to a metric's name) without a record link of its own
+  a decimal next to a metric's name, or a table row of three or more
+  decimals) without a record link of its own
   reads the records linked in its section (up to the next heading: a table
   under its caption, readings under their table) and is checked against
   them; with no record in reach it fails; a unit that quotes
@@ -238,6 +239,8 @@ def test_what_states_a_figure():
     for text in ("DNAS 1.03x", "77.9 +- 0.2", "96.7% at depth 1", "640 s", "0.37 MiB",
                  "BLEU 8.13", "Kendall tau 0.245"):
         assert states_a_figure(text), text
+    assert states_a_figure("| UNAS | 5.520 | 8.400 / 7.457 |")
+    assert not states_a_figure("| `--hybrid-init U` | 0.5 (0.1 in `*_gigaword`) |")
     for text in ("fairseq's `transformer` (base)", "12 + 12 layers", "head size 64", "Table 6.1",
                  "`--hybrid-init U` | 0.5", "Python 3.11"):
         assert not states_a_figure(text), text
