@@ -134,7 +134,7 @@ def per_kernel(events, steps, device_type=None):
     for e in events:
         if e.device_type == device_type:
             totals[e.name][0] += 1
-            totals[e.name][1] += e.device_time / 1e3  # microseconds
+            totals[e.name][1] += e.device_time / 1e3  # the profiler gives microseconds
     return dict(sorted(((name, (n / steps, ms / steps)) for name, (n, ms) in totals.items()),
                        key=lambda kv: -kv[1][1]))
 
@@ -167,15 +167,15 @@ def breakdown(rows, steps=20, rounds=30):
                 for _ in range(steps):
                     step()
                 torch.cuda.synchronize()
-            kernels_ = per_kernel(prof.events(), steps)
-            total = sum(ms for _, ms in kernels_.values())
+            by_kernel = per_kernel(prof.events(), steps)
+            total = sum(ms for _, ms in by_kernel.values())
             base = total if base is None else base
             shape = dict(head_dim=d, T=t, B=b, H=h, dropout=p, case=case)
-            for name, (launches, ms) in kernels_.items():
+            for name, (launches, ms) in by_kernel.items():
                 emit(rows, part="breakdown", **shape, kernel=name, launches=round(launches, 2), gpu_ms=round(ms, 4),
                      share=round(ms / total, 3))
             emit(rows, part="breakdown", **shape, kernel="(all kernels)", launches=round(sum(
-                n for n, _ in kernels_.values()), 2), gpu_ms=round(total, 4), share=1.0, gpu_x=round(total / base, 3),
+                n for n, _ in by_kernel.values()), 2), gpu_ms=round(total, 4), share=1.0, gpu_x=round(total / base, 3),
                 event_ms=round(step_ms, 4), steps=steps)
 
 
