@@ -112,47 +112,57 @@ if not torch.cuda.is_available():
     sys.exit("gpu_session.sh: torch sees no CUDA device; run it on a GPU machine")
 PY
 
-mkdir -p "$OUT"
-exec > >(tee "$OUT/session.log") 2>&1
-T0=$(date +%s)
-say() { echo "== [$(( $(date +%s) - T0 )) s] $*"; }
-say "installing the wheels from $WHEELS into $SITE"
-if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    "$WHEELS"/*.whl >"$OUT/pip.tmp" 2>&1; then
-  tail -5 "$OUT/pip.tmp"; rm -f "$OUT/pip.tmp"
-  echo "gpu_session.sh: the wheels in $WHEELS do not install (above)"
-  exit 1
-fi
-rm -f "$OUT/pip.tmp"
-export PYTHONPATH="$SITE:$ROOT:$ROOT/benchmarks" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-"$PYTHON" -c "import torch, triton, fairseq
-print('torch', torch.__version__, 'triton', triton.__version__, 'fairseq', fairseq.__version__)"
-echo "tree: $(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')"
-
-failed=()
-for step in "${STEPS[@]}"; do
-  limit=$(step_timeout "$step")
-  say "$step (timeout $limit s): $(step_command "$step")"
-  rc=0
-  # shellcheck disable=SC2046  # the command is words by design
-  timeout "$limit" $(step_command "$step") >"$OUT/$step.log" 2>&1 || rc=$?
-  if [ "$rc" -eq 124 ]; then
-    say "$step: cut at its timeout of $limit s (the rows printed so far are in $step.log)"
-  else
-    say "$step: exit $rc"
+# Everything below goes to the console and to session.log. (Called in a
+# pipeline, the function runs without set -e: each step's status is checked.)
+session() {
+  local T0 step limit rc failed=()
+  T0=$(date +%s)
+  say() { echo "== [$(( $(date +%s) - T0 )) s] $*"; }
+  say "installing the wheels from $WHEELS into $SITE"
+  if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$WHEELS"/*.whl >"$OUT/pip.tmp" 2>&1; then
+    tail -5 "$OUT/pip.tmp"; rm -f "$OUT/pip.tmp"
+    echo "gpu_session.sh: the wheels in $WHEELS do not install (above)"
+    return 1
   fi
-  [ "$rc" -eq 0 ] || failed+=("$step")
-  case "$step" in
-    exact) echo "exact: $(grep -c '"ok": true' "$OUT/exact.log" || true) configurations ok," \
-                "$(grep -c '"ok": false' "$OUT/exact.log" || true) not" ;;
-    breakdown) grep '(all kernels)' "$OUT/breakdown.log" || true ;;
-    roberta) grep -E '^\| roberta|^target' "$OUT/roberta.log" || true ;;
-    *) grep '"part": "'"$step"' done"' "$OUT/$step.log" || true ;;
-  esac
-done
-if [ "${#failed[@]}" -gt 0 ]; then
-  say "done; steps that failed or were cut: ${failed[*]}"
-  exit 1
-fi
-say "done; every step ran"
+  rm -f "$OUT/pip.tmp"
+  export PYTHONPATH="$SITE:$ROOT:$ROOT/benchmarks" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  if ! "$PYTHON" -c "import torch, triton, fairseq
+print('torch', torch.__version__, 'triton', triton.__version__, 'fairseq', fairseq.__version__)"; then
+    echo "gpu_session.sh: torch, triton or fairseq does not import with the wheels installed (above)"
+    return 1
+  fi
+  echo "tree: $(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')"
+
+  for step in "${STEPS[@]}"; do
+    limit=$(step_timeout "$step")
+    say "$step (timeout $limit s): $(step_command "$step")"
+    rc=0
+    # shellcheck disable=SC2046  # the command is words by design
+    timeout "$limit" $(step_command "$step") >"$OUT/$step.log" 2>&1 || rc=$?
+    if [ "$rc" -eq 124 ]; then
+      say "$step: cut at its timeout of $limit s (the rows printed so far are in $step.log)"
+    else
+      say "$step: exit $rc"
+    fi
+    [ "$rc" -eq 0 ] || failed+=("$step")
+    case "$step" in
+      exact) echo "exact: $(grep -c '"ok": true' "$OUT/exact.log") configurations ok," \
+                  "$(grep -c '"ok": false' "$OUT/exact.log") not" ;;
+      breakdown) grep '(all kernels)' "$OUT/breakdown.log" ;;
+      roberta) grep -E '^\| roberta|^target' "$OUT/roberta.log" ;;
+      *) grep '"part": "'"$step"' done"' "$OUT/$step.log" ;;
+    esac
+  done
+  if [ "${#failed[@]}" -gt 0 ]; then
+    say "done; steps that failed or were cut: ${failed[*]}"
+    return 1
+  fi
+  say "done; every step ran"
+}
+
+mkdir -p "$OUT"
+status=0
+session 2>&1 | tee "$OUT/session.log" || status=$?
+exit "$status"
