@@ -282,7 +282,7 @@ def discrete_main(args, extra):
         print(f"| {r['arch']} | {r['cpu_median_s']:.3f} | {r['cpu_ratio']:.3f} | {tgt} | "
               f"{r['median_s']:.3f} | {r['ratio']:.3f} |")
     print(f"(other processes used {load.foreign_fraction:.0%} of the CPU during the timing)")
-    if common.DEVICE.type == "cpu":  # the noise is drawn on the CPU's generator only here
+    if common.DEVICE.type == "cpu":  # the noise draw in process CPU time: a figure of CPU runs only
         shape = (args.batch, models["roberta"][0].args.encoder_attention_heads, args.length, args.length)
         noise = noise_times(shape)
         print(f"\nGumbel noise of shape {shape}, median CPU ms:")

@@ -105,8 +105,8 @@ def gpu_ms(step):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time for e in events) / 1e3, len(events)
+    by_kernel = per_kernel(prof.events(), steps=1)
+    return sum(ms for _, ms in by_kernel.values()), round(sum(n for n, _ in by_kernel.values()))
 
 
 def event_ms(fn, rounds):
