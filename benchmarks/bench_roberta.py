@@ -28,6 +28,15 @@ roberta, two-stream discrete <= 1.1x of the soft two-stream model.
     python benchmarks/bench_roberta.py --size base --batch 8
     python benchmarks/bench_roberta.py --quick          # smoke run, < 1 min
     OMP_NUM_THREADS=1 python benchmarks/bench_roberta.py --discrete --threads 1 --rounds 15   # about 3 min
+    python benchmarks/bench_roberta.py --device cuda --size base --length 512 --batch 16 --rounds 10
+
+``--device cuda`` runs the models on the GPU in float16 (as fairseq-train
+--fp16 runs them; the Adam step, fused, on the float16 weights), the DNAS/HNAS
+attention on its default CUDA path, where a fallback to another path is an
+error; the time is wall clock with the GPU synchronized around each update,
+and the targets read the wall-clock ratio (the process's CPU time says
+nothing about GPU work); peak memory is the CUDA allocator's high-water mark.
+The Gumbel noise's CPU timing of --discrete is left out there.
 """
 
 import argparse
@@ -36,10 +45,12 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
 import bench_common as common
+from bench_discrete import set_device  # --device: common.DEVICE; cuda without a GPU is a usage error
 from bench_hf import timed_rounds  # wall and CPU time, interleaved
 
 TARGETS = {"roberta_dnas": 1.05, "roberta_hnas": 1.10}
@@ -53,6 +64,19 @@ DISCRETE = {
 }
 QUICK_SIZES = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
                "--encoder-attention-heads", "4"]
+
+
+def on_device(model):
+    """The model on --device: float16 on CUDA (as fairseq-train --fp16 runs it), float32 on CPU."""
+    model = model.to(common.DEVICE)
+    return model.half() if common.DEVICE.type == "cuda" else model
+
+
+def to_device(sample):
+    """A batch's tensors on --device."""
+    if isinstance(sample, dict):
+        return {k: to_device(v) for k, v in sample.items()}
+    return sample.to(common.DEVICE) if torch.is_tensor(sample) else sample
 
 
 def build(size, vocab, length, extra):
@@ -81,7 +105,7 @@ def build(size, vocab, length, extra):
             missing, unexpected = m.load_state_dict(models["roberta"][0].state_dict(), strict=False)
             if unexpected or any(not k.endswith("hybrid_logit") for k in missing):
                 raise RuntimeError(f"{arch}: weights do not match roberta's ({missing}, {unexpected})")
-        models[arch] = (m.train(), task.build_criterion(args))
+        models[arch] = (on_device(m).train(), task.build_criterion(args))
     return models, d
 
 
@@ -96,12 +120,14 @@ def masked_batch(d, batch, length, seed=0):
     masked[:, 0] = masked[:, -1] = False
     src = tokens.masked_fill(masked, d.index("<mask>"))
     target = tokens.masked_fill(~masked, d.pad())
-    return {"net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), length)},
-            "target": target, "ntokens": batch * length, "nsentences": batch}
+    return to_device({"net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), length)},
+                      "target": target, "ntokens": batch * length, "nsentences": batch})
 
 
 def update(model, criterion, sample):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+    # On CUDA the fused Adam: it computes in float32 on float16 weights (the unfused one adds eps = 1e-8 in
+    # float16, where it is 0, and a weight without gradient becomes 0 / 0).
+    opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=common.DEVICE.type == "cuda")
 
     def reset():
         opt.zero_grad(set_to_none=True)
@@ -143,7 +169,7 @@ def build_classifiers(size, vocab, length, extra):
         m = task.build_model(args)
         if weights_of is not None:  # the same parameters, so the same numbers as the soft model
             m.load_state_dict(models[weights_of][0].state_dict(), strict=True)
-        models[name] = (m.train(), task.build_criterion(args))
+        models[name] = (on_device(m).train(), task.build_criterion(args))
     return models, d
 
 
@@ -157,9 +183,9 @@ def classification_batch(d, batch, length, min_length, seed=0):
     for b, n in enumerate(lengths.tolist()):
         tokens[b, n - 1] = d.eos()
         tokens[b, n:] = d.pad()
-    return {"net_input": {"src_tokens": tokens, "src_lengths": lengths},
-            "target": torch.randint(0, 2, (batch,), generator=g), "ntokens": int(lengths.sum()),
-            "nsentences": batch}
+    return to_device({"net_input": {"src_tokens": tokens, "src_lengths": lengths},
+                      "target": torch.randint(0, 2, (batch,), generator=g), "ntokens": int(lengths.sum()),
+                      "nsentences": batch})
 
 
 def train_step(model, criterion, sample):
@@ -177,9 +203,16 @@ def train_step(model, criterion, sample):
     return run
 
 
+def measured():
+    """(the timing key the targets read, its name): process CPU time on CPU,
+    wall clock on CUDA (the CPU time of a GPU run is the host's, not the work's)."""
+    return ("cpu", "CPU time") if common.DEVICE.type == "cpu" else ("wall", "wall time")
+
+
 def per_round_ratio(times, name, baseline):
-    """Median over rounds of name's CPU time / baseline's in the same round."""
-    return statistics.median(a / b for a, b in zip(times[name]["cpu_times_s"], times[baseline]["cpu_times_s"]))
+    """Median over rounds of name's time / baseline's in the same round (the measure of ``measured``)."""
+    key = "cpu_times_s" if measured()[0] == "cpu" else "times_s"
+    return statistics.median(a / b for a, b in zip(times[name][key], times[baseline][key]))
 
 
 def noise_times(shape, rounds=25):
@@ -235,29 +268,31 @@ def discrete_main(args, extra):
                "tokens": sample["ntokens"], "median_s": t["median_s"], "ratio": t["ratio"],
                "cpu_median_s": t["cpu_median_s"], "cpu_ratio": t["cpu_ratio"], "cpu_times_s": t["cpu_times_s"],
                "times_s": t["times_s"], "max_abs_diff_to_soft": differs[name],
-               "foreign_cpu_fraction": load.foreign_fraction}
+               "foreign_cpu_fraction": load.foreign_fraction, "measure": measured()[0]}
         if target is not None:
             row.update(target=target, target_baseline=baseline,
-                       cpu_ratio_to_target_baseline=per_round_ratio(times, name, baseline))
+                       ratio_to_target_baseline=per_round_ratio(times, name, baseline))
         rows.append(row)
-    print("\n| model | CPU s / step | CPU x roberta | CPU x target's baseline (target) | wall s | wall x roberta |")
+    print(f"\n| model | CPU s / step | CPU x roberta | {measured()[1]} x target's baseline (target) | wall s | "
+          f"wall x roberta |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        tgt = (f"{r['cpu_ratio_to_target_baseline']:.3f} x {r['target_baseline']} (<= {r['target']})"
+        tgt = (f"{r['ratio_to_target_baseline']:.3f} x {r['target_baseline']} (<= {r['target']})"
                if "target" in r else "")
         print(f"| {r['arch']} | {r['cpu_median_s']:.3f} | {r['cpu_ratio']:.3f} | {tgt} | "
               f"{r['median_s']:.3f} | {r['ratio']:.3f} |")
     print(f"(other processes used {load.foreign_fraction:.0%} of the CPU during the timing)")
-    shape = (args.batch, models["roberta"][0].args.encoder_attention_heads, args.length, args.length)
-    noise = noise_times(shape)
-    print(f"\nGumbel noise of shape {shape}, median CPU ms:")
-    for name, ms in noise.items():
-        print(f"  {name:42s} {ms:7.2f}")
-    rows.append({"noise_shape": list(shape), "noise_cpu_ms": noise})
+    if common.DEVICE.type == "cpu":  # the noise draw in process CPU time: a figure of CPU runs only
+        shape = (args.batch, models["roberta"][0].args.encoder_attention_heads, args.length, args.length)
+        noise = noise_times(shape)
+        print(f"\nGumbel noise of shape {shape}, median CPU ms:")
+        for name, ms in noise.items():
+            print(f"  {name:42s} {ms:7.2f}")
+        rows.append({"noise_shape": list(shape), "noise_cpu_ms": noise})
     for r in rows:
         if "target" in r:
-            ok = r["cpu_ratio_to_target_baseline"] <= r["target"]
-            print(f"target {r['model']}: CPU time x{r['cpu_ratio_to_target_baseline']:.3f} of "
+            ok = r["ratio_to_target_baseline"] <= r["target"]
+            print(f"target {r['model']}: {measured()[1]} x{r['ratio_to_target_baseline']:.3f} of "
                   f"{r['target_baseline']} (target {r['target']}): {'met' if ok else 'MISSED'}")
     return rows
 
@@ -279,17 +314,30 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int)
-    p.add_argument("--quick", action="store_true", help="a tiny model, 1 round: a smoke run")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny model (the --size preset's names, 2 layers 32 wide), 4 blocks of --length "
+                        "(default 32) tokens, 1 round: a smoke run")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the models run (default cpu); cuda runs them in float16")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
-    if args.length is None:
-        args.length = 100 if args.discrete else 128
+    for name in ("batch", "length", "vocab", "rounds"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} takes a positive number; got {getattr(args, name)}")
+    set_device(p, args)
     extra = []
     if args.quick:
-        extra, args.batch, args.length, args.vocab, args.rounds, args.warmup = QUICK_SIZES, 4, 32, 200, 1, 0
-        args.min_length = 24  # --discrete: some padding, so the masks run too
+        extra, args.batch, args.vocab, args.rounds, args.warmup = QUICK_SIZES, 4, 200, 1, 0
+        args.length = args.length or 32
+        args.min_length = min(24, args.length)  # --discrete: some padding, so the masks run too
+    if args.length is None:
+        args.length = 100 if args.discrete else 128
     if args.threads:
         torch.set_num_threads(args.threads)
+    if common.DEVICE.type == "cuda":  # the default CUDA path or nothing: a fallback would time another path
+        from fairseq_dnas.attention import selfcheck
+
+        warnings.simplefilter("error", selfcheck.TritonFallbackWarning)
     if args.discrete:
         rows = discrete_main(args, extra)
         if args.json:
@@ -320,18 +368,20 @@ def main(argv=None):
                      "cpu_median_s": times[a]["cpu_median_s"], "cpu_ratio": times[a]["cpu_ratio"],
                      "times_s": times[a]["times_s"], "peak_mib": memory[a] / 2**20,
                      "memory_ratio": memory[a] / memory["roberta"], "max_abs_diff_to_roberta": differs[a],
-                     "foreign_cpu_fraction": load.foreign_fraction})
+                     "foreign_cpu_fraction": load.foreign_fraction, "measure": measured()[0]})
     print("\n| model | s / update | wall x roberta | CPU s | CPU x roberta | peak MiB | memory x roberta |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['arch']} | {r['median_s']:.3f} | {r['ratio']:.3f} | {r['cpu_median_s']:.3f} | "
               f"{r['cpu_ratio']:.3f} | {r['peak_mib']:.0f} | {r['memory_ratio']:.2f} |")
     print(f"(other processes used {load.foreign_fraction:.0%} of the CPU during the timing)")
+    key, what = measured()
     for r in rows:
         if r["arch"] in TARGETS:
-            ok = r["cpu_ratio"] <= TARGETS[r["arch"]]
-            print(f"target {r['arch']}: CPU time x{r['cpu_ratio']:.3f} (wall x{r['ratio']:.3f}; target "
-                  f"{TARGETS[r['arch']]}): {'met' if ok else 'MISSED'}; memory x{r['memory_ratio']:.2f}")
+            ratio = r["cpu_ratio"] if key == "cpu" else r["ratio"]
+            ok = ratio <= TARGETS[r["arch"]]
+            print(f"target {r['arch']}: {what} x{ratio:.3f} (wall x{r['ratio']:.3f}, CPU x{r['cpu_ratio']:.3f}; "
+                  f"target {TARGETS[r['arch']]}): {'met' if ok else 'MISSED'}; memory x{r['memory_ratio']:.2f}")
     if args.json:
         write_json(args.json, args, rows)
 

@@ -37,6 +37,14 @@ ARCHS = {"transformer": "transformer", "two_stream_soft": "transformer_two_strea
 TARGET = 2.1
 
 
+def transformer_name(name):
+    """The transformer's parameter that a two-stream parameter starts from:
+    the model stream's ``model_*`` modules and the controller's own
+    embeddings (``controller_embed_tokens``, ``controller_embed_positions``,
+    ...) copy the transformer's module of the name without the prefix."""
+    return ".".join(part.removeprefix("model_").removeprefix("controller_") for part in name.split("."))
+
+
 def build(args, extra):
     """{name: model} with shared weights: the two-stream models' streams both hold the transformer's."""
     base, task, d = build_models(args, {"transformer": "transformer"}, extra, args.vocab)
@@ -45,7 +53,7 @@ def build(args, extra):
     for name, arch in ARCHS.items():
         if name != "transformer":
             m = task.build_model(model_args(arch, extra)).to(common.DEVICE)
-            m.load_state_dict({k: weights[k.replace("model_", "")] for k in m.state_dict()})
+            m.load_state_dict({k: weights[transformer_name(k)] for k in m.state_dict()})
             models[name] = m.half() if common.DEVICE.type == "cuda" else m
     return models, task, d
 

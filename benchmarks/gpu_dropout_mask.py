@@ -7,7 +7,7 @@ that the GPU's inline PTX, modelled from the PTX ISA, keeps the same ones
 (tests/test_triton_safety.py); this compares what the GPU actually draws.
 
     python benchmarks/gpu_dropout_mask.py            # on a CUDA machine; exit 1 if any mask differs
-    TRITON_INTERPRET=1 python benchmarks/gpu_dropout_mask.py --interpreter masks.pt   # on any machine
+    python benchmarks/gpu_dropout_mask.py --interpreter masks.pt   # on any machine (Triton's interpreter)
     python benchmarks/gpu_dropout_mask.py --reference masks.pt                       # GPU against that file
 
 It computes ``dropout_mask`` on the GPU for a few shapes, seeds (one with high
@@ -15,6 +15,7 @@ It computes ``dropout_mask`` on the GPU for a few shapes, seeds (one with high
 ``TRITON_INTERPRET=1`` on CPU tensors, and compares them element by element.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -41,17 +42,31 @@ def masks(device):
     return out
 
 
-def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--interpreter":
-        torch.save(masks("cpu"), sys.argv[2])
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--interpreter", metavar="FILE",
+                        help="compute the masks on CPU tensors (run with TRITON_INTERPRET=1) and save them to FILE; "
+                             "needs no GPU")
+    source.add_argument("--reference", metavar="FILE",
+                        help="compare the GPU's masks with FILE (written by --interpreter) instead of computing "
+                             "them in a child process")
+    args = parser.parse_args(argv)
+    if args.interpreter:
+        # Triton reads the variable when the kernels are defined: before masks() imports them.
+        os.environ["TRITON_INTERPRET"] = "1"
+        torch.save(masks("cpu"), args.interpreter)
         return 0
     if not torch.cuda.is_available():
-        sys.exit("gpu_dropout_mask.py: torch sees no CUDA device; run it on a GPU machine")
+        print("gpu_dropout_mask.py: torch sees no CUDA device; run it on a GPU machine "
+              "(or --interpreter FILE on any machine)", file=sys.stderr)
+        return 1
     gpu = masks("cuda")
-    if len(sys.argv) == 3 and sys.argv[1] == "--reference":
+    if args.reference:
         # The interpreter of another Triton (Triton 3.6's cannot run this kernel: its
         # interpreter fails on the key loop's bound), e.g. the CPU machine's 3.9.
-        path = sys.argv[2]
+        path = args.reference
     else:
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "interpreter_masks.pt")
         env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}

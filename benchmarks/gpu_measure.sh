@@ -22,6 +22,10 @@
 #
 # Safe to re-run: every output is rewritten.
 set -euo pipefail
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then  # the header above
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 
 PYTHON="${PYTHON:-python3}"                  # an interpreter with CUDA torch, fairseq and triton
 OUT_DIR="${OUT_DIR:-gpu-results}"            # where the logs and results go

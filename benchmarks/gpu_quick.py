@@ -17,14 +17,31 @@ OUT/quick.jsonl, plus OUT/quick.md):
   T 64 to 2048: time (CUDA events, median) and GPU-kernel time per step, and
   peak memory, each as a ratio to fairseq's.
 
-About five minutes on an H100, compilation included
-(``benchmarks/gpu_measure.sh``'s default step). Needs CUDA and fairseq.
+- ``breakdown``: where the GPU time of one forward + backward goes, kernel
+  by kernel: the long kernels (DNAS, HNAS) and SDPA at T 1024 (B 8, H 16,
+  head size 64, fp16, the ``kernels`` part's long case), attention dropout 0
+  and 0.1. Each kernel's own GPU time comes from the torch profiler (CUPTI
+  records every kernel's start and end on the device, so no kernel has to
+  be wrapped by hand: CUDA events only time what lies between two points the
+  host records, and a forward + backward launches its 6 to 16 kernels from
+  inside autograd); the mean over --breakdown-steps profiled steps, launches
+  a step and each kernel's share. A total row per case sets the sum of the
+  kernels beside the step's CUDA-event time (median): the difference is
+  time the GPU waited for the host.
 
-    python benchmarks/gpu_quick.py --out gpu-results            # all parts
+The default parts (exact, kernels, module) take about five minutes on an
+H100, compilation included (``benchmarks/gpu_measure.sh``'s default step);
+``breakdown`` is not in the default. Needs CUDA and fairseq, except
+``--dry-run``, which prints the plan of the chosen parts anywhere.
+
+    python benchmarks/gpu_quick.py --out gpu-results            # the default parts
     python benchmarks/gpu_quick.py --parts exact,kernels
+    python benchmarks/gpu_quick.py --parts breakdown --breakdown-steps 20
+    python benchmarks/gpu_quick.py --parts exact,breakdown --dry-run
 """
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -34,7 +51,12 @@ import warnings
 
 import torch
 
-PARTS = ("exact", "kernels", "module")
+PARTS = ("exact", "kernels", "module", "breakdown")
+DEFAULT_PARTS = ("exact", "kernels", "module")  # gpu_measure.sh's quick step
+KERNEL_CASES = [(64, 64, 128, 16), (64, 128, 128, 16), (128, 128, 128, 8), (64, 1024, 8, 16)]  # (head size, T, B, H)
+MODULE = dict(dim=768, heads=12, tokens=16384, lengths=(64, 128, 512, 2048), dtypes=("float16", "bfloat16"))
+BREAKDOWN = dict(head_dim=64, T=1024, B=8, H=16)  # the kernels part's long case
+DROPOUTS = (0.0, 0.1)
 
 
 def emit(rows, **row):
@@ -42,7 +64,8 @@ def emit(rows, **row):
     print(json.dumps(row), flush=True)
 
 
-def exact(rows):
+def exact_configs():
+    """Every configuration ``auto`` runs in half precision, and the long kernels'."""
     from fairseq_dnas.attention import selection, selfcheck
 
     configs = []
@@ -57,7 +80,13 @@ def exact(rows):
             configs.append(selfcheck.Config("cuda", torch.float16, 64, scheme, dropout, 1, True, False, "flash"))
     configs.append(selfcheck.Config("cuda", torch.float16, 64, "dnas", False, 3, True, False, "flash"))
     configs.append(selfcheck.Config("cuda", torch.float32, 64, "hnas", True, 1, True, False, "flash"))
-    for config in configs:
+    return configs
+
+
+def exact(rows):
+    from fairseq_dnas.attention import selection, selfcheck
+
+    for config in exact_configs():
         size = selfcheck.sizes(config)
         result = selfcheck.compare(config, selection.attention_function(config.kernels), **size)
         ok = result.error is None and result.forward_error <= result.forward_tol and result.grad_error <= result.grad_tol
@@ -76,20 +105,89 @@ def gpu_ms(step):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time for e in events) / 1e3, len(events)
+    by_kernel = per_kernel(prof.events(), steps=1)
+    return sum(ms for _, ms in by_kernel.values()), round(sum(n for n, _ in by_kernel.values()))
+
+
+def event_ms(fn, rounds):
+    """Median CUDA-event milliseconds of ``fn`` over ``rounds`` calls, after 3 untimed ones."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def per_kernel(events, steps, device_type=None):
+    """{kernel name: (launches a step, device ms a step)} from a profiler's
+    ``events()`` over ``steps`` steps, the kernels of ``device_type`` (CUDA
+    by default), largest time first."""
+    device_type = torch.autograd.DeviceType.CUDA if device_type is None else device_type
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for e in events:
+        if e.device_type == device_type:
+            totals[e.name][0] += 1
+            totals[e.name][1] += e.device_time / 1e3  # the profiler gives microseconds
+    return dict(sorted(((name, (n / steps, ms / steps)) for name, (n, ms) in totals.items()),
+                       key=lambda kv: -kv[1][1]))
+
+
+def breakdown_steps(q, k, v, u, g, p):
+    """{case: one forward + backward} of the breakdown: SDPA and the long kernels."""
+    from fairseq_dnas.attention.triton import flash
+
+    runs = {"sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p),
+            "dnas flash": lambda: flash.triton_attention(q, k, v, dropout_p=p),
+            "hnas flash": lambda: flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p)}
+    return {n: (lambda f=f, n=n: torch.autograd.grad(f(), (q, k, v, u) if n.startswith("hnas") else (q, k, v), g))
+            for n, f in runs.items()}
+
+
+def breakdown(rows, steps=20, rounds=30):
+    from torch.profiler import ProfilerActivity, profile
+
+    d, t, b, h = (BREAKDOWN[key] for key in ("head_dim", "T", "B", "H"))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, g = (torch.randn((b, h, t, d), generator=gen).to("cuda", torch.float16) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    u = torch.full((h,), 0.5, device="cuda", requires_grad=True)
+    for p in DROPOUTS:
+        base = None
+        for case, step in breakdown_steps(q, k, v, u, g, p).items():
+            step_ms = event_ms(step, rounds)  # also the warm-up (compilation) before profiling
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    step()
+                torch.cuda.synchronize()
+            by_kernel = per_kernel(prof.events(), steps)
+            total = sum(ms for _, ms in by_kernel.values())
+            base = total if base is None else base
+            shape = dict(head_dim=d, T=t, B=b, H=h, dropout=p, case=case)
+            for name, (launches, ms) in by_kernel.items():
+                emit(rows, part="breakdown", **shape, kernel=name, launches=round(launches, 2), gpu_ms=round(ms, 4),
+                     share=round(ms / total, 3))
+            emit(rows, part="breakdown", **shape, kernel="(all kernels)", launches=round(sum(
+                n for n, _ in by_kernel.values()), 2), gpu_ms=round(total, 4), share=1.0, gpu_x=round(total / base, 3),
+                event_ms=round(step_ms, 4), steps=steps)
 
 
 def kernels(rows, rounds=30):
     from fairseq_dnas.attention.triton import flash, short
 
     gen = torch.Generator().manual_seed(0)
-    cases = [(64, 64, 128, 16), (64, 128, 128, 16), (128, 128, 128, 8), (64, 1024, 8, 16)]
-    for d, t, b, h in cases:
+    for d, t, b, h in KERNEL_CASES:
         q, k, v, g = (torch.randn((b, h, t, d), generator=gen).to("cuda", torch.float16) for _ in range(4))
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         u = torch.full((h,), 0.5, device="cuda", requires_grad=True)
-        for p in (0.0, 0.1):
+        for p in DROPOUTS:
             runs = {"sdpa": lambda p=p: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p)}
             for name, module in (("flash", flash), ("short", short)):
                 if name == "short" and t > short.BLOCK_MAX:
@@ -119,7 +217,7 @@ def kernels(rows, rounds=30):
                      launches=launched)
 
 
-def module(rows, rounds=15, lengths=(64, 128, 512, 2048)):
+def module(rows, rounds=15, lengths=MODULE["lengths"]):
     from fairseq.modules import MultiheadAttention
 
     from fairseq_dnas.attention import selection, selfcheck
@@ -127,21 +225,7 @@ def module(rows, rounds=15, lengths=(64, 128, 512, 2048)):
 
     os.environ["FAIRSEQ_DNAS_TRITON_CHECK"] = "0"  # part exact checks the kernels; here every call runs them
     warnings.simplefilter("error", selfcheck.TritonFallbackWarning)  # a fallback is a failure here
-    dim, heads, tokens = 768, 12, 16384
-
-    def timed(fn):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(rounds):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        return statistics.median(times)
+    dim, heads, tokens = MODULE["dim"], MODULE["heads"], MODULE["tokens"]
 
     def peak_mib(fn):
         fn()
@@ -152,9 +236,9 @@ def module(rows, rounds=15, lengths=(64, 128, 512, 2048)):
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
 
-    for dtype_name in ("float16", "bfloat16"):
+    for dtype_name in MODULE["dtypes"]:
         dtype = getattr(torch, dtype_name)
-        for dropout in (0.0, 0.1):
+        for dropout in DROPOUTS:
             base = MultiheadAttention(dim, heads, dropout=dropout, self_attention=True)
             mods = {"fairseq": base}
             for scheme in ("dnas", "hnas"):
@@ -178,7 +262,7 @@ def module(rows, rounds=15, lengths=(64, 128, 512, 2048)):
                         out, _ = m(x, x, x, key_padding_mask=mask, need_weights=False)
                         out.backward(gy)
 
-                    row[f"{name}_ms"] = round(timed(step), 4)
+                    row[f"{name}_ms"] = round(event_ms(step, rounds), 4)
                     row[f"{name}_gpu_ms"] = round(gpu_ms(step)[0], 4)
                     row[f"{name}_mib"] = round(peak_mib(step), 1)
                     if name != "fairseq":
@@ -219,19 +303,70 @@ def markdown(rows) -> str:
             lines.append(f"| {r['dtype']} | {r['dropout']} | {r['T']} | {r['fairseq_ms']:.2f} | "
                          f"{r['dnas_x']:.2f} ({r['dnas_gpu_x']:.2f}) | {r['hnas_x']:.2f} ({r['hnas_gpu_x']:.2f}) | "
                          f"{r['dnas_mem_x']:.2f} / {r['hnas_mem_x']:.2f} | {r['dnas_kernels']}, {r['hnas_kernels']} |")
+    breakdown_rows = [r for r in rows if r["part"] == "breakdown"]
+    if breakdown_rows:
+        lines += ["", "| T | dropout | case | kernel | launches a step | GPU ms a step | share | x SDPA (event ms) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in breakdown_rows:
+            total = f"{r['gpu_x']:.2f} ({r['event_ms']:.3f})" if "gpu_x" in r else ""
+            lines.append(f"| {r['T']} | {r['dropout']} | {r['case']} | {r['kernel'][:70]} | {r['launches']:g} | "
+                         f"{r['gpu_ms']:.4f} | {r['share']:.2f} | {total} |")
     return "\n".join(lines) + "\n"
+
+
+def plan(parts, breakdown_steps) -> list:
+    """What each chosen part will run, from the same settings the parts use
+    (--dry-run prints it; it imports what the parts import, so a renamed
+    module fails here too, on any machine)."""
+    from fairseq.modules import MultiheadAttention  # noqa: F401  (the module part's baseline)
+
+    from fairseq_dnas.attention.triton import flash, short  # noqa: F401  (the kernels the parts time)
+    from fairseq_dnas.modules import DNASMultiheadAttention  # noqa: F401
+
+    lines = []
+    for part in parts:
+        if part == "exact":
+            configs = exact_configs()
+            lines.append(f"exact: {len(configs)} configurations against float64, forward and gradients, padding")
+            lines += [f"  {c.describe()}" for c in configs]
+        elif part == "kernels":
+            lines.append(f"kernels: SDPA, DNAS and HNAS kernels alone, fp16, forward + backward, dropout "
+                         f"{' and '.join(map(str, DROPOUTS))}")
+            lines += [f"  head size {d}, T {t}, B {b}, H {h}: sdpa, flash{', short' if t <= short.BLOCK_MAX else ''}"
+                      for d, t, b, h in KERNEL_CASES]
+        elif part == "module":
+            lines.append(f"module: fairseq MultiheadAttention against DNASMultiheadAttention (dnas, hnas), "
+                         f"D {MODULE['dim']}, {MODULE['heads']} heads, {MODULE['tokens']} tokens a batch, "
+                         f"{' and '.join(MODULE['dtypes'])}, dropout {' and '.join(map(str, DROPOUTS))}, "
+                         f"T {', '.join(map(str, MODULE['lengths']))}")
+        elif part == "breakdown":
+            lines.append(f"breakdown: GPU time of each kernel in one forward + backward, torch profiler over "
+                         f"{breakdown_steps} steps; sdpa, dnas flash, hnas flash; head size {BREAKDOWN['head_dim']}, "
+                         f"T {BREAKDOWN['T']}, B {BREAKDOWN['B']}, H {BREAKDOWN['H']}, fp16, dropout "
+                         f"{' and '.join(map(str, DROPOUTS))}")
+    return lines
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                        help=f"comma-separated, from {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
+    parser.add_argument("--breakdown-steps", type=int, default=20, metavar="N",
+                        help="breakdown: profiled steps per case, averaged (default 20)")
     parser.add_argument("--out", help="folder for quick.jsonl and quick.md (created)")
+    parser.add_argument("--dry-run", action="store_true", help="print what the chosen parts would run and exit "
+                                                                "(no GPU needed)")
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
-    if unknown:
-        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    if unknown or not parts:
+        parser.error(f"unknown part(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PARTS)}")
+    if args.breakdown_steps < 1:
+        parser.error(f"--breakdown-steps takes a positive number of steps; got {args.breakdown_steps}")
+    if args.dry_run:
+        print("\n".join(plan(parts, args.breakdown_steps)))
+        return 0
     if not torch.cuda.is_available():
         print("gpu_quick.py: torch sees no CUDA device; run it on a GPU machine", file=sys.stderr)
         return 2
@@ -240,7 +375,10 @@ def main(argv=None) -> int:
     failed = False
     for part in parts:
         start = time.time()
-        {"exact": exact, "kernels": kernels, "module": module}[part](rows)
+        if part == "breakdown":
+            breakdown(rows, steps=args.breakdown_steps)
+        else:
+            {"exact": exact, "kernels": kernels, "module": module}[part](rows)
         emit(rows, part=f"{part} done", seconds=round(time.time() - start, 1))
     failed = any(r["part"] == "exact" and not r["ok"] for r in rows)
     if args.out:

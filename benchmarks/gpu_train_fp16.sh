@@ -10,6 +10,10 @@
 #
 # Safe to re-run: each run trains from scratch into a fresh folder.
 set -euo pipefail
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then  # the header above
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 
 DATA="${DATA:-data/gigaword/bin}"          # examples/gigaword/prepare.sh's OUT_DIR/bin
 OUT_DIR="${OUT_DIR:-gpu-results}"

@@ -1,7 +1,10 @@
 """pytest plugin: wall and CPU seconds of every test, written as it goes.
 
-    PYTHONPATH=$PWD .venv/bin/python -m pytest -q tests -p benchmarks.test_times \
+    PYTHONPATH=$PWD .venv/bin/python -m pytest -q tests -p tests.times_plugin \
         --test-times=/tmp/times.tsv
+
+(Not named test_*.py, so pytest does not collect it as a test file; loaded
+only with -p, so a run without it is untouched.)
 
 Why CPU seconds: on a shared or loaded machine the wall time of a test says
 more about its neighbours than about the test (the same suite took 900 s and
@@ -33,7 +36,7 @@ def _cpu_seconds():
 
 def pytest_addoption(parser):
     parser.addoption("--test-times", metavar="TSV", default=None,
-                     help="append each test's wall and CPU seconds to TSV (benchmarks/test_times.py)")
+                     help="append each test's wall and CPU seconds to TSV (tests/times_plugin.py)")
 
 
 _START = pytest.StashKey()
