@@ -68,7 +68,7 @@ def kernels_section(args):
     kernels a step, ratios to SDPA, floor."""
     from fairseq_dnas.attention import selection
     from fairseq_dnas.attention.triton import common as triton_common
-    from fairseq_dnas.attention.triton import flash, short
+    from fairseq_dnas.attention.triton import long, short
 
     if common.DEVICE.type != "cuda" and not (args.quick and triton_common.INTERPRETED):
         log("kernels: skipped (needs CUDA; on CPU only with --quick under TRITON_INTERPRET=1)")
@@ -85,8 +85,8 @@ def kernels_section(args):
         for p in (0.0, 0.1):
             runs = {
                 "sdpa": lambda p=p: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p),
-                "dnas flash": lambda p=p: flash.triton_attention(q, k, v, dropout_p=p),
-                "hnas flash": lambda p=p: flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
+                "dnas flash": lambda p=p: long.triton_attention(q, k, v, dropout_p=p),
+                "hnas flash": lambda p=p: long.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
             }
             for scheme in ("dnas", "hnas"):  # the one-tile kernels where selection.py would run them
                 if length <= selection.short_max(sizes["head_dim"], dtype, scheme):

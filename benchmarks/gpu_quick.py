@@ -54,9 +54,9 @@ def exact(rows):
                                                     selection.kernel_set(1, 100, 100, d, dtype, scheme)))
     for scheme in ("dnas", "hnas"):
         for dropout in (False, True):
-            configs.append(selfcheck.Config("cuda", torch.float16, 64, scheme, dropout, 1, True, False, "flash"))
-    configs.append(selfcheck.Config("cuda", torch.float16, 64, "dnas", False, 3, True, False, "flash"))
-    configs.append(selfcheck.Config("cuda", torch.float32, 64, "hnas", True, 1, True, False, "flash"))
+            configs.append(selfcheck.Config("cuda", torch.float16, 64, scheme, dropout, 1, True, False, "long"))
+    configs.append(selfcheck.Config("cuda", torch.float16, 64, "dnas", False, 3, True, False, "long"))
+    configs.append(selfcheck.Config("cuda", torch.float32, 64, "hnas", True, 1, True, False, "long"))
     for config in configs:
         size = selfcheck.sizes(config)
         result = selfcheck.compare(config, selection.attention_function(config.kernels), **size)
@@ -81,7 +81,7 @@ def gpu_ms(step):
 
 
 def kernels(rows, rounds=30):
-    from fairseq_dnas.attention.triton import flash, short
+    from fairseq_dnas.attention.triton import long, short
 
     gen = torch.Generator().manual_seed(0)
     cases = [(64, 64, 128, 16), (64, 128, 128, 16), (128, 128, 128, 8), (64, 1024, 8, 16)]
@@ -91,7 +91,7 @@ def kernels(rows, rounds=30):
         u = torch.full((h,), 0.5, device="cuda", requires_grad=True)
         for p in (0.0, 0.1):
             runs = {"sdpa": lambda p=p: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p)}
-            for name, module in (("flash", flash), ("short", short)):
+            for name, module in (("long", long), ("short", short)):
                 if name == "short" and t > short.BLOCK_MAX:
                     continue
                 runs[f"dnas {name}"] = lambda p=p, m=module: m.triton_attention(q, k, v, dropout_p=p)

@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from fairseq_dnas.attention.triton import common as C  # noqa: E402
-from fairseq_dnas.attention.triton import flash as F  # noqa: E402
+from fairseq_dnas.attention.triton import long as F  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HIDDEN = 768

@@ -1,4 +1,4 @@
-"""Tier 1: the Triton path's flash kernels (``attention/triton/flash.py``) against the float64 reference.
+"""Tier 1: the Triton path's long kernels (``attention/triton/long.py``) against the float64 reference.
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter
 (conftest sets TRITON_INTERPRET=1; the interpreter uses 16 x 16 tiles, so the
@@ -19,8 +19,8 @@ from fairseq_dnas.attention import kernels, selection
 from fairseq_dnas.attention.kernels import attend, choose_path
 from fairseq_dnas.modules import DNASMultiheadAttention
 
-flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton.flash", reason="triton is not installed (scripts/install.sh installs it)"
+long = pytest.importorskip(
+    "fairseq_dnas.attention.triton.long", reason="triton is not installed (scripts/install.sh installs it)"
 )
 from fairseq_dnas.attention.triton import common  # noqa: E402 (after the importorskip)
 
@@ -31,8 +31,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
 @pytest.fixture(autouse=True)
-def _flash_kernels_at_every_length(monkeypatch):
-    """These tests hold flash.py's kernels; through ``attend`` short inputs
+def _long_kernels_at_every_length(monkeypatch):
+    """These tests hold long.py's kernels; through ``attend`` short inputs
     would otherwise run the one-tile kernels (tests/test_triton_short.py)."""
     monkeypatch.setenv(selection.SHORT_ENV, "0")
 
@@ -83,7 +83,7 @@ def _grad_tol(ref, tol=1e-5):
 
 
 def _run(q, k, v, scheme, kmask, qmask, u, **kw):
-    return flash.triton_attention(
+    return long.triton_attention(
         q, k, v, hybrid_weight=u if scheme == "hnas" else None,
         key_padding_mask=kmask, query_padding_mask=qmask, **kw)
 
@@ -443,8 +443,8 @@ def test_fairseq_module_on_the_triton_path(scheme, left_pad, sinkhorn_iters, mon
     need_weights still returns the probabilities."""
     monkeypatch.setenv(kernels.PATH_ENV, "triton")
     calls = []
-    apply = flash.TritonAttention.apply
-    monkeypatch.setattr(flash.TritonAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    apply = long.TritonLongAttention.apply
+    monkeypatch.setattr(long.TritonLongAttention, "apply", lambda *a: calls.append(1) or apply(*a))
     m = DNASMultiheadAttention(32, 2, scheme=scheme, hybrid_init=0.3, sinkhorn_iters=sinkhorn_iters)
     m = m.train().to(DEVICE)
     if m.hybrid_logit is not None:

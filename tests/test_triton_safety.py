@@ -1,5 +1,5 @@
 """Tier 1: the Triton kernels on inputs the fairseq module never passes, and
-their guards (``attention/triton/``: ``flash.py``, ``sinkhorn.py``, ``common.py``).
+their guards (``attention/triton/``: ``long.py``, ``sinkhorn.py``, ``common.py``).
 
 - q, k, v with any strides (views of one packed projection, transposed
   layouts, an expanded key with stride 0): forward and gradients against
@@ -25,8 +25,8 @@ from conftest import ROOT, padding_mask
 
 from fairseq_dnas.attention import functional as AF
 
-flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton.flash", reason="triton is not installed (scripts/install.sh installs it)"
+long = pytest.importorskip(
+    "fairseq_dnas.attention.triton.long", reason="triton is not installed (scripts/install.sh installs it)"
 )
 from fairseq_dnas.attention.triton import common, sinkhorn  # noqa: E402
 
@@ -47,7 +47,7 @@ def _reference(q, k, v, u, kmask, qmask, keep=None, p=0.0, sinkhorn_iters=1):
 
 
 def _attention(q, k, v, u, mask, **kw):
-    return flash.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
+    return long.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
                                          query_padding_mask=mask, **kw)
 
 
@@ -326,7 +326,7 @@ def test_dropout_same_mask_in_all_three_kernels_at_two_tile_shapes(scheme, monke
         for kernel, tile in tiles.items():
             monkeypatch.setitem(common.INTERPRETER_TILES, kernel, tile)
         ins = [x.detach().float().requires_grad_() for x in ref_ins]
-        out = flash.triton_attention(*ins[:3], hybrid_weight=ins[3] if u is not None else None,
+        out = long.triton_attention(*ins[:3], hybrid_weight=ins[3] if u is not None else None,
                                             key_padding_mask=kmask, query_padding_mask=qmask,
                                             dropout_p=p, seed=seed)
         torch.testing.assert_close(out.double(), ref.detach(), atol=1e-5, rtol=0, msg=lambda m: f"{tiles}: {m}")
@@ -366,7 +366,7 @@ def test_dropout_threshold_rounds_p_to_multiples_of_1_256():
     assert common.effective_dropout_p(0.5) == 0.5
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="probability in"):
-            flash.triton_attention(*(torch.zeros(1, 1, 4, 16),) * 3, dropout_p=bad)
+            long.triton_attention(*(torch.zeros(1, 1, 4, 16),) * 3, dropout_p=bad)
 
 
 def test_dropout_p_one_gives_zeros_and_zero_gradients():
@@ -406,7 +406,7 @@ def test_int64_code_path_gives_the_same_results(monkeypatch):
     results = []
     for forced in (False, True):
         if forced:
-            for module in (flash, common, sinkhorn):
+            for module in (long, common, sinkhorn):
                 monkeypatch.setattr(module, "needs_int64", lambda *tensors: True)
         out = _attention(q, k, v, u, mask, **kw)
         results.append((out, *torch.autograd.grad(out, (q, k, v, u), torch.ones_like(out))))
@@ -465,13 +465,13 @@ def test_float16_dk_with_a_large_mean_query(monkeypatch):
     ref_dk = torch.autograd.grad(_reference(qd, kd, vd, None, mask, mask), kd, do.double())[0]
     seed = torch.zeros(1, dtype=torch.int64, device=DEVICE)
     errors = {}
-    query_mean = flash.query_mean
+    query_mean = long.query_mean
     for center in (False, True):
         # without the centring: mu = 0 (the kv kernel then takes q itself)
-        monkeypatch.setattr(flash, "query_mean", query_mean if center else lambda q, qpad: torch.zeros(
+        monkeypatch.setattr(long, "query_mean", query_mean if center else lambda q, qpad: torch.zeros(
             q.shape[0], q.shape[1], q.shape[3], dtype=torch.float32, device=q.device))
-        out, o_d, c, r_d, r_u, _ = flash._forward(q, k, v, None, mask, mask, 0.0, seed, 1)
-        _, dk, _, _ = flash._backward(do, q, k, v, None, mask, mask, 0.0, seed, out, o_d, c, r_d, r_u)
+        out, o_d, c, r_d, r_u, _ = long._forward(q, k, v, None, mask, mask, 0.0, seed, 1)
+        _, dk, _, _ = long._backward(do, q, k, v, None, mask, mask, 0.0, seed, out, o_d, c, r_d, r_u)
         errors[center] = (dk.double() - ref_dk).abs().max().item()
     rounding = torch.finfo(torch.float16).eps * ref_dk.abs().max().item()  # one ulp of the largest dk
     msg = f"max |dk - float64|: without centring {errors[False]:.2e}, with {errors[True]:.2e}, ulp {rounding:.2e}"

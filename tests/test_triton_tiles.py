@@ -35,7 +35,7 @@ KERNELS = {"column_lse": ("HAS_BIAS",), "forward": ("HYBRID", "DROPOUT"), "backw
 
 
 def _compile(cases, *extra):
-    """benchmarks/triton_spills.py on ``cases`` (``--short 0``: the flash
+    """benchmarks/triton_spills.py on ``cases`` (``--short 0``: the long
     kernels at every length, as the tests here pass): the kernels compiled for
     sm_90 as the JIT specializes the forward and backward of DNAS and HNAS,
     dropout 0 and 0.1, Sinkhorn 1 and 3 rounds (no GPU needed: Triton's
@@ -195,7 +195,7 @@ def test_a_bad_tiles_file_says_what_to_fix(tmp_path, content, message):
 def test_a_bad_tiles_file_stops_the_import(tmp_path):
     path = tmp_path / "tiles.json"
     path.write_text('{"tiles": {"half:64": {"forward": [64, 32]}}}')
-    res = _run(["-c", "import fairseq_dnas.attention.triton.flash"],
+    res = _run(["-c", "import fairseq_dnas.attention.triton.long"],
                env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(path)))
     assert res.returncode != 0 and "FAIRSEQ_DNAS_TRITON_TILES=" in res.stderr
     assert "[64, 32] is not [BLOCK_M, BLOCK_N, warps(, stages)]" in res.stderr

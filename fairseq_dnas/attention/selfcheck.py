@@ -3,7 +3,8 @@
 The ``triton`` path is ``auto``'s choice for every CUDA tensor, so a kernel
 that miscompiles on some GPU or Triton version would silently train a wrong
 model. ``kernels.attend`` therefore asks ``triton_usable`` before it runs the
-kernels on the ``auto`` path. The first time a configuration (``Config``:
+kernels on the ``auto`` path (the ``Config`` and the kernel function come
+from the call's ``dispatch.Decision``). The first time a configuration (``Config``:
 device, dtype, head size, scheme, dropout on/off, Sinkhorn iterations,
 padding on/off, TF32 for float32, the kernel set ``selection.choose``
 picked: everything that selects a different compiled kernel) runs in a
@@ -69,7 +70,10 @@ class Config:
     sinkhorn_iters: int
     padding: bool
     tf32: bool = False  # float32 products on TF32 tensor cores (torch's allow_tf32)
-    kernels: str = "flash"  # which Triton kernel set (selection.KERNEL_SETS): short or flash
+    kernels: str = "long"  # which Triton kernel set (selection.KERNEL_SETS): short or long
+
+    def __post_init__(self):
+        selection.check_kernel_set(self.kernels)  # a former name ('flash') is an error saying the new one
 
     def describe(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
@@ -81,7 +85,7 @@ class Config:
 
 
 def config_of(q: Tensor, scheme: str, *, padding: bool, dropout: bool, sinkhorn_iters: int,
-              kernels: str = "flash") -> Config:
+              kernels: str = "long") -> Config:
     """The configuration of a call with scaled queries ``q`` (B, H, T, D);
     ``kernels`` is the kernel set ``selection.choose`` picked."""
     tf32 = q.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)

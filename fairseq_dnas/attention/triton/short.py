@@ -9,11 +9,11 @@ pass: 3 matmuls forward (FlashAttention-2's 2, plus K Q^T for the column
 normalizer; HNAS's mixture is formed before its one product with V) and
 FlashAttention-2's 5 backward. ``selection.py`` (the one place that
 chooses) sends short calls here (``SHORT_MAX``; ``FAIRSEQ_DNAS_TRITON_SHORT=0``
-never); longer inputs and Sinkhorn iterations > 1 run ``flash.py``.
+never); longer inputs and Sinkhorn iterations > 1 run ``long.py``.
 
 Same function, interface (``triton_attention``) and dropout mask
 (``common._dropout_bytes``: a function of (seed, batch * head, i, j // 16)
-only) as ``flash.py``. Notation as ``flash.py``: s = q_i . k_j (q scaled),
+only) as ``long.py``. Notation as ``long.py``: s = q_i . k_j (q scaled),
 everything in the exp2 domain (s2 = s log2 e, scaled once after the matmul;
 c2, r2 in log2 units). Equations with their derivation: ``docs/math.md``
 (the one-tile kernels).
@@ -44,7 +44,7 @@ Five matmuls (S, dO V^T, dq, dk, dv). mu is the mean real query of the head
 arithmetic and keeps the products, rounded to the input dtype, from
 carrying the mean query (a q_proj bias); HNAS's UNAS part does not sum to
 0, so its column sum times mu is added back in float32 (as
-``flash._backward_kv_kernel``).
+``long._backward_kv_kernel``).
 
 Launches: the forward and the backward kernel, plus the seed draw with
 dropout (``common.new_seed``) and, for HNAS, the sum of dL/du over the
@@ -271,7 +271,7 @@ def _check_short(tq: int, tk: int) -> int:
     block = block_size(tq, tk)
     if block > BLOCK_MAX:
         raise ValueError(f"the one-tile kernels take T_q, T_k <= {BLOCK_MAX} (got {tq}, {tk}); "
-                         "longer inputs run flash.py (selection.py chooses)")
+                         "longer inputs run long.py (selection.py chooses)")
     return block
 
 
@@ -317,7 +317,7 @@ def _backward(do, q, k, v, u, p_drop, seed, c2, r2, ru2):
 class TritonShortAttention(torch.autograd.Function):
     """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D), T_q, T_k <= 128:
     DNAS, or HNAS when u (H,) is given; padded query rows give 0. The
-    interface of ``flash.TritonAttention`` with one Sinkhorn round."""
+    interface of ``long.TritonLongAttention`` with one Sinkhorn round."""
 
     @staticmethod
     def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
@@ -348,13 +348,13 @@ def triton_attention(
     seed: Optional[Tensor] = None,
     sinkhorn_iters: int = 1,
 ) -> Tensor:
-    """``flash.triton_attention`` (the same keyword arguments and result, the
+    """``long.triton_attention`` (the same keyword arguments and result, the
     same dropout mask for the same seed) on the one-tile kernels: T_q, T_k
     <= ``BLOCK_MAX`` and one Sinkhorn round (else ValueError; ``selection.py``
     sends nothing else here). No seed tensor without dropout."""
     _check_short(q.shape[2], k.shape[2])
     if sinkhorn_iters != 1:
         raise ValueError(f"the one-tile kernels run one normalization round (got sinkhorn_iters={sinkhorn_iters}); "
-                         "more rounds run flash.py")
+                         "more rounds run long.py")
     kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
     return TritonShortAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed)

@@ -9,12 +9,12 @@ of bias vectors. With b_0 = 0 and s[i, j] = q_i . k_j,
     b_k[i] = logsumexp over real j of (s[i, j] - a_k[j])         (rows over keys)
 
 for k = 1 .. n, and pi_D = exp(s - a_n - b_n) = softmax_j(s - a_n): the
-forward kernel of ``flash.py`` with the key bias a_n (its row lse is
+forward kernel of ``long.py`` with the key bias a_n (its row lse is
 b_n). Every normalizer is a row log-sum-exp of K Q^T or Q K^T with a bias,
 ``common.lse_pass``: 2n - 1 passes of one matmul per block pair, and
 O(n T) memory for the stacks a (n, B, H, T_k) and b (n - 1, B, H, T_q).
 
-Backward. ``flash.py``'s kernels, given the row bias b_{n-1} of
+Backward. ``long.py``'s kernels, given the row bias b_{n-1} of
 xi_n = exp(s - b_{n-1} - a_n), treat the final row softmax and the last
 column step: they return g_a_n = dL/da_n (their ``dc``) and put
 P (G - E) + xi_n g_a_n into dq and dk. What remains is the chain through

@@ -621,7 +621,7 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
     return dq, dk, dv, du
 
 
-class TritonAttention(torch.autograd.Function):
+class TritonLongAttention(torch.autograd.Function):
     """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D); pi is DNAS
     (``sinkhorn_iters`` rounds), or HNAS when u (H,) is given; padded query
     rows give 0."""
@@ -674,4 +674,4 @@ def triton_attention(
     kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
     if seed is None:
         seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
-    return TritonAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed, sinkhorn_iters)
+    return TritonLongAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed, sinkhorn_iters)
