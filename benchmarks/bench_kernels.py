@@ -67,7 +67,7 @@ def kernels_section(args):
     short, hnas short where they apply), wall and kernel milliseconds,
     kernels a step, ratios to SDPA, floor."""
     from fairseq_dnas.attention import selection
-    from fairseq_dnas.attention.triton import common as triton_common
+    from fairseq_dnas.attention.triton import tiles as triton_common
     from fairseq_dnas.attention.triton import long, short
 
     if common.DEVICE.type != "cuda" and not (args.quick and triton_common.INTERPRETED):

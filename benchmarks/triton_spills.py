@@ -4,7 +4,7 @@ machine, the way Triton's JIT specializes a real call, and report what ptxas
 made of it: registers, register spills, shared memory, which tensor-core
 instructions its matmuls use, and the instructions of its loop over key (or
 query) blocks. This is how ``GPU_TILES`` in
-``fairseq_dnas/attention/triton/common.py`` were chosen without a GPU.
+``fairseq_dnas/attention/triton/tiles.py`` were chosen without a GPU.
 
 No GPU is needed: Triton's NVIDIA backend and ptxas run on the CPU. The
 script runs the real forward and backward (``triton_attention``) on CPU
@@ -79,7 +79,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 from fairseq_dnas.attention import selection  # noqa: E402
-from fairseq_dnas.attention.triton import common as F  # noqa: E402
+from fairseq_dnas.attention.triton import tiles as F  # noqa: E402
 from fairseq_dnas.attention.triton import short  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 (warp size 32)

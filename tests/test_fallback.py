@@ -22,7 +22,7 @@ from fairseq_dnas.modules import DNASMultiheadAttention
 long = pytest.importorskip(
     "fairseq_dnas.attention.triton.long", reason="triton is not installed (scripts/install.sh installs it)"
 )
-from fairseq_dnas.attention.triton import common  # noqa: E402 (after the importorskip)
+from fairseq_dnas.attention.triton import dropout as triton_dropout  # noqa: E402 (after the importorskip)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T = 17  # two 16-row tiles under the interpreter, the second ragged
@@ -264,8 +264,8 @@ def test_dropout_is_checked_with_the_kernels_own_mask(monkeypatch, auto_triton_o
         _attend("dnas", dropout=drop)
     assert rec.fallbacks() == [] and list(auto_triton_on_cpu.values()) == [""]
     auto_triton_on_cpu.clear()
-    real = common.dropout_mask
-    monkeypatch.setattr(common, "dropout_mask", lambda seed, shape, p: real(seed + 1, shape, p))
+    real = triton_dropout.dropout_mask
+    monkeypatch.setattr(triton_dropout, "dropout_mask", lambda seed, shape, p: real(seed + 1, shape, p))
     with _Record() as rec:
         _attend("dnas", dropout=drop)
     (message,) = rec.fallbacks()

@@ -22,7 +22,8 @@ from fairseq_dnas.modules import DNASMultiheadAttention
 long = pytest.importorskip(
     "fairseq_dnas.attention.triton.long", reason="triton is not installed (scripts/install.sh installs it)"
 )
-from fairseq_dnas.attention.triton import common  # noqa: E402 (after the importorskip)
+from fairseq_dnas.attention.triton import dropout as triton_dropout  # noqa: E402 (after the importorskip)
+from fairseq_dnas.attention.triton import launch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T = 37  # three 16-row tiles under the interpreter, the last one ragged
@@ -71,7 +72,7 @@ def _float64_autograd(q, k, v, u, scheme, kmask, qmask, keep=None, p=0.0, sinkho
     else:
         probs = AF.hnas_probs(s, ud, km, qm, sinkhorn_iters)
     if keep is not None:  # the kernels drop at p rounded to a multiple of 1/256, and scale by its complement
-        probs = probs * keep.double() / (1.0 - common.effective_dropout_p(p))
+        probs = probs * keep.double() / (1.0 - triton_dropout.effective_dropout_p(p))
     inputs = (qd, kd, vd) if ud is None else (qd, kd, vd, ud)
     return probs @ vd, inputs
 
@@ -319,7 +320,7 @@ def test_sinkhorn_with_dropout_equals_autograd_with_the_same_mask():
     mask = _mask("left")
     p, seed = 0.2, _seed(99)
     out = _run(q, k, v, "hnas", mask, mask, u, dropout_p=p, seed=seed, sinkhorn_iters=2)
-    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
+    keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     grads = torch.autograd.grad(out, (q, k, v, u), g)
     ref_out, ref_ins = _float64_autograd(q, k, v, u, "hnas", mask, mask, keep=keep, p=p, sinkhorn_iters=2)
@@ -343,7 +344,7 @@ def test_dropout_gradients_equal_autograd_with_the_same_mask(scheme):
     mask = _mask("left")
     p, seed = 0.3, _seed(1234)
     out = _run(q, k, v, scheme, mask, mask, u, dropout_p=p, seed=seed)
-    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
+    keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
     kept = keep.float().mean().item()
     assert 0.6 < kept < 0.8, kept  # about 1 - p of the entries kept
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -521,10 +522,10 @@ def test_float32_products_follow_torchs_tf32_setting():
     before = matmul.allow_tf32
     try:
         matmul.allow_tf32 = False
-        assert common._precision(torch.float32) == "ieee"
-        assert common._precision(torch.float16) == "tf32"
+        assert launch.precision(torch.float32) == "ieee"
+        assert launch.precision(torch.float16) == "tf32"
         matmul.allow_tf32 = True
-        assert common._precision(torch.float32) == "tf32"
+        assert launch.precision(torch.float32) == "tf32"
     finally:
         matmul.allow_tf32 = before
 

@@ -10,7 +10,8 @@ import torch
 from conftest import padding_mask
 from test_triton import TOL, _float64_autograd, _grad_tol
 
-from fairseq_dnas.attention.triton import common, long
+from fairseq_dnas.attention.triton import dropout as triton_dropout
+from fairseq_dnas.attention.triton import long
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32, F16 = torch.float32, torch.float16
@@ -46,7 +47,7 @@ def check_against_float64(module, q, k, v, do, u, scheme, kmask, qmask, p=0.0, s
                                   dropout_p=p, seed=seed)
     inputs = (q, k, v) if hybrid is None else (q, k, v, u)
     grads = torch.autograd.grad(out, inputs, do)
-    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p).cpu() if p > 0 else None
+    keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p).cpu() if p > 0 else None
     ref, ref_inputs = _float64_autograd(*(x.cpu() for x in (q, k, v)), None if hybrid is None else u.cpu(), scheme,
                                         None if kmask is None else kmask.cpu(),
                                         None if qmask is None else qmask.cpu(), keep, p)

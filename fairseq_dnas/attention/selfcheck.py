@@ -11,7 +11,7 @@ picked: everything that selects a different compiled kernel) runs in a
 process, ``compare`` runs the kernels it is handed and the
 materialized float64 math of ``functional.py`` (an independent computation:
 plain torch, no Triton) on a small fixed input, forward and gradients; with
-dropout both sides use the kernels' own mask (``triton.common.dropout_mask``),
+dropout both sides use the kernels' own mask (``triton.dropout.dropout_mask``),
 so the check also proves that the mask the kernels apply is the one they
 publish. If the kernels raise (cannot compile or launch) or disagree beyond
 ``tolerances``, one ``TritonFallbackWarning`` names the configuration and the
@@ -198,7 +198,7 @@ def compare(config: Config, attention: Callable[..., Tensor], *, batch: int, hea
     p = DROPOUT_P if config.dropout else 0.0
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         try:
-            from fairseq_dnas.attention.triton import common  # imports triton
+            from fairseq_dnas.attention.triton import dropout as triton_dropout  # imports triton
 
             q, k, v = (x.to(device, config.dtype).requires_grad_() for x in (q64, k64, v64))
             u = None if u64 is None else u64.to(device, torch.float32).requires_grad_()
@@ -209,7 +209,7 @@ def compare(config: Config, attention: Callable[..., Tensor], *, batch: int, hea
             inputs = (q, k, v) if u is None else (q, k, v, u)
             grad = grad64.to(device, config.dtype)
             grads = torch.autograd.grad(out, inputs, grad)
-            keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
+            keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 (any failure to compile or launch; see the docstring)
