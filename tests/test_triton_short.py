@@ -221,7 +221,7 @@ def test_two_kernels_a_step(scheme, p, monkeypatch):
 
 
 # Triton launches + computing torch operations of long.py's kernels per step (recorded in docs/performance.md).
-FLASH_LAUNCHES = {"dnas": 12, "hnas": 13}
+LONG_LAUNCHES = {"dnas": 12, "hnas": 13}
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
@@ -236,7 +236,7 @@ def test_long_launches_a_step(scheme, monkeypatch):
                                 hybrid_weight=u if scheme == "hnas" else None, path="triton")
         torch.autograd.grad(out, (q, k, v, u) if scheme == "hnas" else (q, k, v), do)
     assert launches.triton[0] == "_column_lse_kernel" and len(launches.triton) == 5, launches.describe()
-    assert launches.total == FLASH_LAUNCHES[scheme], launches.describe()
+    assert launches.total == LONG_LAUNCHES[scheme], launches.describe()
 
 
 def test_counting_sees_torch_operations_and_not_views():
