@@ -56,7 +56,7 @@ def machine():
 def triton_tiles():
     """The Triton path's tiles in effect (built in, or FAIRSEQ_DNAS_TRITON_TILES's file)."""
     try:
-        from fairseq_dnas.attention.triton import common as triton_common
+        from fairseq_dnas.attention.triton import tiles as triton_common
     except ImportError:
         return None
     tiles = {f"{kind}:{d}": {n: list(t) for n, t in entry.items()}

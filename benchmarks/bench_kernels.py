@@ -5,7 +5,7 @@ cuDNN or FlashAttention-2 on an H100), both Triton kernel sets side by side.
 B 8, H 16, D 64, float16, T 512 to 4096, attention dropout 0 and 0.1, no
 padding; then short inputs, B 128, H 16 (2,048 heads a call, Gigaword's
 sources), T 64 and 128, where the one-tile kernels (``triton/short.py``,
-"short") run beside the flash kernels (``triton/flash.py``) wherever
+"short") run beside the long kernels (``triton/long.py``) wherever
 ``selection.short_max`` lets them (up to 128 in half precision). Per case: wall milliseconds a step (median over rounds,
 synchronized), kernel milliseconds (the sum of the GPU kernels' own times in
 one profiled step, torch.profiler), kernels a step, and both as ratios to
@@ -34,8 +34,8 @@ OPS = {
     "fa2": (7, 2),        # FlashAttention-2: QK^T, PV | QK^T, dO V^T, dV, dK, dQ; one exp each way
     "dnas": (9, 4),       # the lean DNAS: + the column pass (K Q^T) | + the pre-pass (QK^T, P^T dO)
     "hnas": (10, 5),      # + HNAS's second P V product and its exp in the forward
-    "dnas flash": (11, 4),  # triton/flash.py: column (1) + forward (2) + kv (5) + q (3)
-    "hnas flash": (12, 7),  # + P_U V in the forward, P_U recomputed in both backward passes
+    "dnas long": (11, 4),  # triton/long.py: column (1) + forward (2) + kv (5) + q (3)
+    "hnas long": (12, 7),  # + P_U V in the forward, P_U recomputed in both backward passes
     "dnas short": (8, 3),   # triton/short.py: K Q^T, S, PV | S, dO V^T, dq, dk, dv; exps: column, row | pi_D
     "hnas short": (8, 5),   # the mixture before its one PV; exps: + pi_U forward and backward
 }
@@ -63,12 +63,12 @@ def _kernel_ms(step):
 
 
 def kernels_section(args):
-    """Rows: length, dropout, case (sdpa, dnas flash, hnas flash, and dnas
+    """Rows: length, dropout, case (sdpa, dnas long, hnas long, and dnas
     short, hnas short where they apply), wall and kernel milliseconds,
     kernels a step, ratios to SDPA, floor."""
     from fairseq_dnas.attention import selection
-    from fairseq_dnas.attention.triton import common as triton_common
-    from fairseq_dnas.attention.triton import flash, short
+    from fairseq_dnas.attention.triton import tiles as triton_common
+    from fairseq_dnas.attention.triton import long, short
 
     if common.DEVICE.type != "cuda" and not (args.quick and triton_common.INTERPRETED):
         log("kernels: skipped (needs CUDA; on CPU only with --quick under TRITON_INTERPRET=1)")
@@ -85,8 +85,8 @@ def kernels_section(args):
         for p in (0.0, 0.1):
             runs = {
                 "sdpa": lambda p=p: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p),
-                "dnas flash": lambda p=p: flash.triton_attention(q, k, v, dropout_p=p),
-                "hnas flash": lambda p=p: flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
+                "dnas long": lambda p=p: long.triton_attention(q, k, v, dropout_p=p),
+                "hnas long": lambda p=p: long.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p),
             }
             for scheme in ("dnas", "hnas"):  # the one-tile kernels where selection.py would run them
                 if length <= selection.short_max(sizes["head_dim"], dtype, scheme):

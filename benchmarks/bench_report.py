@@ -16,7 +16,7 @@ TARGETS = {
 # The GPU targets (issue 28; against fairseq's attention, or SDPA for the
 # kernels alone, in the same run): the module's worst case over every
 # length, dropout and dtype; the kernels alone at B 8, H 16, T 1024, D 64,
-# fp16, dropout 0, for each Triton kernel set timed there (flash; short runs only at T <= 128).
+# fp16, dropout 0, for each Triton kernel set timed there (long; short runs only at T <= 128).
 CUDA_TARGETS = {
     "module_dnas_time": 1.25,
     "module_hnas_time": 1.5,

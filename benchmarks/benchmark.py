@@ -29,7 +29,7 @@ generate  beam search (beam 4) sentences per second, every hypothesis forced
           to 64 tokens so all models do the same decoder work.
 kernels   the attention kernels alone (bench_kernels.py), forward+backward at
           B 8, H 16, D 64, float16, T 512-4096, dropout 0 and 0.1: wall and
-          GPU-kernel time and kernels a step for SDPA and the flash and
+          GPU-kernel time and kernels a step for SDPA and the long and
           short Triton kernels, ratios to SDPA, and the floor from operation counts
           beside them. CUDA only (on CPU: --quick under TRITON_INTERPRET=1).
           Not in the default sections: --sections kernels.

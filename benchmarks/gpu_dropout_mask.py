@@ -33,7 +33,7 @@ CASES = [
 
 
 def masks(device):
-    from fairseq_dnas.attention.triton.common import dropout_mask
+    from fairseq_dnas.attention.triton.dropout import dropout_mask
 
     out = []
     for shape, seed, p in CASES:

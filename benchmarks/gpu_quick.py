@@ -77,9 +77,9 @@ def exact_configs():
                                                     selection.kernel_set(1, 100, 100, d, dtype, scheme)))
     for scheme in ("dnas", "hnas"):
         for dropout in (False, True):
-            configs.append(selfcheck.Config("cuda", torch.float16, 64, scheme, dropout, 1, True, False, "flash"))
-    configs.append(selfcheck.Config("cuda", torch.float16, 64, "dnas", False, 3, True, False, "flash"))
-    configs.append(selfcheck.Config("cuda", torch.float32, 64, "hnas", True, 1, True, False, "flash"))
+            configs.append(selfcheck.Config("cuda", torch.float16, 64, scheme, dropout, 1, True, False, "long"))
+    configs.append(selfcheck.Config("cuda", torch.float16, 64, "dnas", False, 3, True, False, "long"))
+    configs.append(selfcheck.Config("cuda", torch.float32, 64, "hnas", True, 1, True, False, "long"))
     return configs
 
 
@@ -141,11 +141,11 @@ def per_kernel(events, steps, device_type=None):
 
 def breakdown_steps(q, k, v, u, g, p):
     """{case: one forward + backward} of the breakdown: SDPA and the long kernels."""
-    from fairseq_dnas.attention.triton import flash
+    from fairseq_dnas.attention.triton import long
 
     runs = {"sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p),
-            "dnas flash": lambda: flash.triton_attention(q, k, v, dropout_p=p),
-            "hnas flash": lambda: flash.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p)}
+            "dnas long": lambda: long.triton_attention(q, k, v, dropout_p=p),
+            "hnas long": lambda: long.triton_attention(q, k, v, hybrid_weight=u, dropout_p=p)}
     return {n: (lambda f=f, n=n: torch.autograd.grad(f(), (q, k, v, u) if n.startswith("hnas") else (q, k, v), g))
             for n, f in runs.items()}
 
@@ -180,7 +180,7 @@ def breakdown(rows, steps=20, rounds=30):
 
 
 def kernels(rows, rounds=30):
-    from fairseq_dnas.attention.triton import flash, short
+    from fairseq_dnas.attention.triton import long, short
 
     gen = torch.Generator().manual_seed(0)
     for d, t, b, h in KERNEL_CASES:
@@ -189,7 +189,7 @@ def kernels(rows, rounds=30):
         u = torch.full((h,), 0.5, device="cuda", requires_grad=True)
         for p in DROPOUTS:
             runs = {"sdpa": lambda p=p: torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p)}
-            for name, module in (("flash", flash), ("short", short)):
+            for name, module in (("long", long), ("short", short)):
                 if name == "short" and t > short.BLOCK_MAX:
                     continue
                 runs[f"dnas {name}"] = lambda p=p, m=module: m.triton_attention(q, k, v, dropout_p=p)
@@ -320,7 +320,7 @@ def plan(parts, breakdown_steps) -> list:
     module fails here too, on any machine)."""
     from fairseq.modules import MultiheadAttention  # noqa: F401  (the module part's baseline)
 
-    from fairseq_dnas.attention.triton import flash, short  # noqa: F401  (the kernels the parts time)
+    from fairseq_dnas.attention.triton import long, short  # noqa: F401  (the kernels the parts time)
     from fairseq_dnas.modules import DNASMultiheadAttention  # noqa: F401
 
     lines = []
@@ -332,7 +332,7 @@ def plan(parts, breakdown_steps) -> list:
         elif part == "kernels":
             lines.append(f"kernels: SDPA, DNAS and HNAS kernels alone, fp16, forward + backward, dropout "
                          f"{' and '.join(map(str, DROPOUTS))}")
-            lines += [f"  head size {d}, T {t}, B {b}, H {h}: sdpa, flash{', short' if t <= short.BLOCK_MAX else ''}"
+            lines += [f"  head size {d}, T {t}, B {b}, H {h}: sdpa, long{', short' if t <= short.BLOCK_MAX else ''}"
                       for d, t, b, h in KERNEL_CASES]
         elif part == "module":
             lines.append(f"module: fairseq MultiheadAttention against DNASMultiheadAttention (dnas, hnas), "
@@ -341,7 +341,7 @@ def plan(parts, breakdown_steps) -> list:
                          f"T {', '.join(map(str, MODULE['lengths']))}")
         elif part == "breakdown":
             lines.append(f"breakdown: GPU time of each kernel in one forward + backward, torch profiler over "
-                         f"{breakdown_steps} steps; sdpa, dnas flash, hnas flash; head size {BREAKDOWN['head_dim']}, "
+                         f"{breakdown_steps} steps; sdpa, dnas long, hnas long; head size {BREAKDOWN['head_dim']}, "
                          f"T {BREAKDOWN['T']}, B {BREAKDOWN['B']}, H {BREAKDOWN['H']}, fp16, dropout "
                          f"{' and '.join(map(str, DROPOUTS))}")
     return lines

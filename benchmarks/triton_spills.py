@@ -4,7 +4,7 @@ machine, the way Triton's JIT specializes a real call, and report what ptxas
 made of it: registers, register spills, shared memory, which tensor-core
 instructions its matmuls use, and the instructions of its loop over key (or
 query) blocks. This is how ``GPU_TILES`` in
-``fairseq_dnas/attention/triton/common.py`` were chosen without a GPU.
+``fairseq_dnas/attention/triton/tiles.py`` were chosen without a GPU.
 
 No GPU is needed: Triton's NVIDIA backend and ptxas run on the CPU. The
 script runs the real forward and backward (``triton_attention``) on CPU
@@ -39,7 +39,7 @@ instructions come from.
     python benchmarks/triton_spills.py --cases fp16:64 --table # + the dropout table (docs/results/)
     python benchmarks/triton_spills.py --cases fp16:64 --no-report
     python benchmarks/triton_spills.py --cases fp16:64 --tiles backward_kv=16,128,8   # try a tile
-    python benchmarks/triton_spills.py --short 0               # the flash kernels at every length
+    python benchmarks/triton_spills.py --short 0               # the long kernels at every length
     python benchmarks/triton_spills.py --sinkhorn 1 --cases fp16:64,bf16:128
                                                                # at length 100 what selection.py picks:
                                                                # the one-tile kernels where SHORT_MAX allows
@@ -79,7 +79,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 from fairseq_dnas.attention import selection  # noqa: E402
-from fairseq_dnas.attention.triton import common as F  # noqa: E402
+from fairseq_dnas.attention.triton import tiles as F  # noqa: E402
 from fairseq_dnas.attention.triton import short  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 (warp size 32)

@@ -2,7 +2,7 @@
 """Time tile sizes of the Triton kernels on this GPU and write the fastest as a
 JSON file for ``FAIRSEQ_DNAS_TRITON_TILES``.
 
-``GPU_TILES`` in ``fairseq_dnas/attention/triton/common.py`` were chosen for
+``GPU_TILES`` in ``fairseq_dnas/attention/triton/tiles.py`` were chosen for
 an H100 from what the compiler makes of each tile (benchmarks/triton_spills.py),
 not from timings; other GPUs want other tiles. This script decides by time:
 
@@ -26,7 +26,7 @@ rejected and reported; one that does not compile or launch (shared memory)
 is skipped. If the current tile itself does not launch on this GPU, the
 first candidate that does takes its place as the baseline.
 
-The tiles are those of the flash kernels (``attention/triton/flash.py``,
+The tiles are those of the long kernels (``attention/triton/long.py``,
 run directly at every length); the one-tile kernels of short inputs have
 no tiles to tune.
 
@@ -48,8 +48,8 @@ from pathlib import Path
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from fairseq_dnas.attention.triton import common as C  # noqa: E402
-from fairseq_dnas.attention.triton import flash as F  # noqa: E402
+from fairseq_dnas.attention.triton import tiles as C  # noqa: E402
+from fairseq_dnas.attention.triton import long as F  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HIDDEN = 768
@@ -134,7 +134,7 @@ def tile_table(dtype, head):
 
 def current_tile(kernel, head, dtype):
     """(BLOCK_M, BLOCK_N, warps, stages) that ``kernel`` runs now."""
-    return C._tiles(kernel, head, dtype)
+    return C.kernel_tile(kernel, head, dtype)
 
 
 def workloads(args, dtype, head, device):

@@ -88,7 +88,7 @@ def device_line(device: torch.device) -> str:
 def configurations(dtypes, heads, schemes, dropouts, sinkhorns, device: torch.device):
     """Every configuration to check: each kernel set ``auto`` may run for it
     (``selection.kernel_sets``: the one-tile kernels for short inputs beside
-    the flash kernels where they apply)."""
+    the long kernels where they apply)."""
     from fairseq_dnas.attention.selection import kernel_sets
     from fairseq_dnas.attention.selfcheck import Config
 
@@ -212,7 +212,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     short = ("short for inputs up to selection.SHORT_MAX (T <= 128, half precision)"
              if selection.short_mode() == "auto" else f"no one-tile kernels (${selection.SHORT_ENV}=0)")
-    print(f"kernels: {short}, else flash (any length, any Sinkhorn iterations)")
+    print(f"kernels: {short}, else long (any length, any Sinkhorn iterations)")
 
     dtypes = list(args.dtypes)
     if args.interpret and "bfloat16" in dtypes:

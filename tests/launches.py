@@ -1,6 +1,6 @@
 """Counting what a step launches: the Triton kernels and the torch operations
 around them (tests/test_triton_short.py holds the one-tile kernels to two
-kernels a forward + backward step, and records the flash kernels' count).
+kernels a forward + backward step, and records the long kernels' count).
 
 ``count_launches()`` is a context manager that yields a ``Launches``
 record. Inside it every Triton kernel launch (compiled, or under Triton's

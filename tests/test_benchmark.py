@@ -143,9 +143,9 @@ def test_quick_discrete_roberta_benchmark_writes_json(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU stand-in for the GPU run")
 @pytest.mark.full  # about a minute on the interpreter; the kernels are proved in tests/test_triton*.py
-def test_quick_kernels_section_times_flash_short_and_sdpa(tmp_path):
+def test_quick_kernels_section_times_long_short_and_sdpa(tmp_path):
     """--sections kernels under Triton's interpreter (conftest sets TRITON_INTERPRET=1):
-    SDPA, DNAS and HNAS on the flash and the one-tile kernels (short: T 32 is short), dropout 0 and 0.1,
+    SDPA, DNAS and HNAS on the long and the one-tile kernels (short: T 32 is short), dropout 0 and 0.1,
     the operation-count floor
     beside each (issue 28: DNAS 9 matmuls and 4 exponentials a score against
     FlashAttention-2's 7 and 2, an exponential weighed as 1.5 matmuls)."""
@@ -158,7 +158,7 @@ def test_quick_kernels_section_times_flash_short_and_sdpa(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["kernels"]
     assert [(r["dropout"], r["case"]) for r in rows] == [(p, c) for p in (0.0, 0.1) for c in (
-        "sdpa", "dnas flash", "hnas flash", "dnas short", "hnas short")]
+        "sdpa", "dnas long", "hnas long", "dnas short", "hnas short")]
     assert all(_positive(r["wall_ms"]) and _positive(r["wall_ratio"]) for r in rows)
     assert all(r["floor"] == pytest.approx(floor(r["case"].split()[0])) for r in rows if r["case"] != "sdpa")
     md = subprocess.run([sys.executable, SCRIPT, "--render", str(out)], cwd=ROOT, capture_output=True, text=True,
@@ -212,14 +212,14 @@ def test_gpu_targets_read_the_kernels_alone_at_1024_positions():
         return dict(case=case, length=length, dropout=dropout, kernel_ratio=kernel, wall_ratio=wall)
 
     res = {"settings": {"device": "cuda"}, "kernels": [
-        row("sdpa"), row("dnas flash", kernel=3.5, wall=6.75), row("dnas short", kernel=1.9, wall=2.4),
+        row("sdpa"), row("dnas long", kernel=3.5, wall=6.75), row("dnas short", kernel=1.9, wall=2.4),
         row("hnas short", kernel=2.7, wall=2.9), row("dnas short", length=512, kernel=9.0),
-        row("dnas short", dropout=0.1, kernel=9.0), row("hnas flash", kernel=None, wall=5.0)]}
+        row("dnas short", dropout=0.1, kernel=9.0), row("hnas long", kernel=None, wall=5.0)]}
     got = {(t["target"], t["where"].split()[0]): (t["measured"], t["met"])
            for t in bench_report.target_report(res, long_lengths=())}
     assert got == {
-        ("kernels_dnas_kernel_time", "flash"): (3.5, False), ("kernels_dnas_wall_time", "flash"): (6.75, False),
+        ("kernels_dnas_kernel_time", "long"): (3.5, False), ("kernels_dnas_wall_time", "long"): (6.75, False),
         ("kernels_dnas_kernel_time", "short"): (1.9, True), ("kernels_dnas_wall_time", "short"): (2.4, True),
         ("kernels_hnas_kernel_time", "short"): (2.7, False), ("kernels_hnas_wall_time", "short"): (2.9, True),
-        ("kernels_hnas_wall_time", "flash"): (5.0, False),
+        ("kernels_hnas_wall_time", "long"): (5.0, False),
     }

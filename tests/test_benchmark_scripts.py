@@ -32,7 +32,7 @@ SCRIPTS = {
     "bench_module.py": "test_benchmark.py::test_quick_benchmark_writes_json",
     "bench_model.py": "test_benchmark.py::test_quick_benchmark_writes_json",
     "bench_report.py": "test_benchmark.py::test_gpu_targets_read_the_kernels_alone_at_1024_positions",
-    "bench_kernels.py": "test_benchmark.py::test_quick_kernels_section_times_flash_short_and_sdpa",
+    "bench_kernels.py": "test_benchmark.py::test_quick_kernels_section_times_long_short_and_sdpa",
     "bench_roberta.py": "test_benchmark_scripts.py::test_bench_roberta_session_command_on_cpu_at_tiny_size",
     "bench_discrete.py": "test_benchmark_scripts.py::test_bench_discrete_smallest_size",
     "bench_two_stream.py": "test_benchmark_scripts.py::test_bench_two_stream_smallest_size",
@@ -201,8 +201,8 @@ def test_gpu_quick_dry_run_prints_the_plan_of_every_part():
     assert parts == ["exact", "kernels", "module", "breakdown"]
     n = len(gpu_quick.exact_configs())
     assert f"exact: {n} configurations" in proc.stdout and sum("kernels" in l for l in lines if l.startswith("  ")) >= n
-    assert "head size 64, T 1024, B 8, H 16: sdpa, flash" in proc.stdout
-    assert "torch profiler over 7 steps; sdpa, dnas flash, hnas flash; head size 64, T 1024, B 8, H 16" in proc.stdout
+    assert "head size 64, T 1024, B 8, H 16: sdpa, long" in proc.stdout
+    assert "torch profiler over 7 steps; sdpa, dnas long, hnas long; head size 64, T 1024, B 8, H 16" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

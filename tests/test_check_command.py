@@ -43,23 +43,23 @@ def test_interpret_checks_the_kernels_and_skips_bfloat16():
     assert "bfloat16: skipped: Triton's interpreter computes bfloat16 tl.dot wrongly" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith(("dnas ", "hnas "))]
     assert all(line.endswith(" ok") and " float16 " in line for line in rows), r.stdout
-    # float16 at head size 64: the one-tile kernels (short inputs) beside the flash kernels, per scheme
+    # float16 at head size 64: the one-tile kernels (short inputs) beside the long kernels, per scheme
     assert [line.split()[:1] + line.split()[5:6] for line in rows] == [
-        ["dnas", "short"], ["dnas", "flash"], ["hnas", "short"], ["hnas", "flash"]], r.stdout
+        ["dnas", "short"], ["dnas", "long"], ["hnas", "short"], ["hnas", "long"]], r.stdout
     assert "all 4 configurations agree with the float64 reference" in r.stdout
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter run is the CPU stand-in for the GPU run")
 def test_a_disagreeing_configuration_fails_the_command(monkeypatch, capsys):
-    from fairseq_dnas.attention.triton import flash
+    from fairseq_dnas.attention.triton import long
 
-    kernels = flash.triton_attention
+    kernels = long.triton_attention
 
     def off_by_a_tenth_for_hnas(*args, **kwargs):  # HNAS: the calls with a hybrid weight
         out = kernels(*args, **kwargs)
         return out + 0.1 if kwargs.get("hybrid_weight") is not None else out
 
-    monkeypatch.setattr(flash, "triton_attention", off_by_a_tenth_for_hnas)
+    monkeypatch.setattr(long, "triton_attention", off_by_a_tenth_for_hnas)
     rc = check.main(["--interpret", "--dtypes", "float32", "--dropout", "off", *SMALL])
     out = capsys.readouterr().out
     assert rc == 1, out
@@ -70,12 +70,12 @@ def test_a_disagreeing_configuration_fails_the_command(monkeypatch, capsys):
 
 
 def test_a_kernel_that_fails_to_run_fails_the_command(monkeypatch, capsys):
-    from fairseq_dnas.attention.triton import flash
+    from fairseq_dnas.attention.triton import long
 
     def fail(*args, **kwargs):
         raise RuntimeError("out of resource: shared memory")
 
-    monkeypatch.setattr(flash, "triton_attention", fail)
+    monkeypatch.setattr(long, "triton_attention", fail)
     args = [] if CUDA else ["--interpret"]
     rc = check.main([*args, "--dtypes", "float32", "--schemes", "dnas", "--dropout", "off", "--no-speed", *SMALL])
     out = capsys.readouterr().out

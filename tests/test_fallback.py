@@ -19,10 +19,10 @@ from fairseq_dnas.reference import reference_probs, reference_self_attention
 from fairseq_dnas.attention import kernels, selfcheck
 from fairseq_dnas.modules import DNASMultiheadAttention
 
-flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton.flash", reason="triton is not installed (scripts/install.sh installs it)"
+long = pytest.importorskip(
+    "fairseq_dnas.attention.triton.long", reason="triton is not installed (scripts/install.sh installs it)"
 )
-from fairseq_dnas.attention.triton import common  # noqa: E402 (after the importorskip)
+from fairseq_dnas.attention.triton import dropout as triton_dropout  # noqa: E402 (after the importorskip)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T = 17  # two 16-row tiles under the interpreter, the second ragged
@@ -67,11 +67,11 @@ def _reference(q, k, v, u, scheme):
 
 
 def _spy(monkeypatch, shift=0.0, error=None, backward_error=None):
-    """Replace ``flash.triton_attention`` by a counted version whose
+    """Replace ``long.triton_attention`` by a counted version whose
     output is shifted by ``shift``, or which raises ``error`` (forward) or
     ``backward_error`` (in the backward); returns the list of calls."""
     calls = []
-    real = flash.triton_attention
+    real = long.triton_attention
 
     class FailingBackward(torch.autograd.Function):
         @staticmethod
@@ -89,7 +89,7 @@ def _spy(monkeypatch, shift=0.0, error=None, backward_error=None):
         out = real(q, k, v, **kw) + shift
         return FailingBackward.apply(out) if backward_error is not None else out
 
-    monkeypatch.setattr(flash, "triton_attention", fake)
+    monkeypatch.setattr(long, "triton_attention", fake)
     return calls
 
 
@@ -156,14 +156,14 @@ def test_disagreeing_kernels_warn_once_and_fall_back(scheme, monkeypatch):
 
 def test_only_the_failing_configuration_falls_back(monkeypatch):
     """The HNAS kernels disagree, the DNAS ones do not: DNAS keeps them."""
-    real = flash.triton_attention
+    real = long.triton_attention
     calls = []
 
     def fake(q, k, v, **kw):
         calls.append(kw["hybrid_weight"] is None)
         return real(q, k, v, **kw) + (0.0 if kw["hybrid_weight"] is None else 0.1)
 
-    monkeypatch.setattr(flash, "triton_attention", fake)
+    monkeypatch.setattr(long, "triton_attention", fake)
     with _Record() as rec:
         _attend("hnas")
         _attend("dnas")
@@ -264,8 +264,8 @@ def test_dropout_is_checked_with_the_kernels_own_mask(monkeypatch, auto_triton_o
         _attend("dnas", dropout=drop)
     assert rec.fallbacks() == [] and list(auto_triton_on_cpu.values()) == [""]
     auto_triton_on_cpu.clear()
-    real = common.dropout_mask
-    monkeypatch.setattr(common, "dropout_mask", lambda seed, shape, p: real(seed + 1, shape, p))
+    real = triton_dropout.dropout_mask
+    monkeypatch.setattr(triton_dropout, "dropout_mask", lambda seed, shape, p: real(seed + 1, shape, p))
     with _Record() as rec:
         _attend("dnas", dropout=drop)
     (message,) = rec.fallbacks()
@@ -291,7 +291,7 @@ def test_the_check_leaves_torchs_random_state_alone():
     config = selfcheck.Config(DEVICE, torch.float32, 16, "dnas", True, 1, True)
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state() if DEVICE == "cuda" else None
-    assert selfcheck.compare(config, flash.triton_attention, **selfcheck.INTERPRETER_SIZES).ok
+    assert selfcheck.compare(config, long.triton_attention, **selfcheck.INTERPRETER_SIZES).ok
     assert torch.equal(torch.get_rng_state(), cpu_state)
     if cuda_state is not None:
         assert torch.equal(torch.cuda.get_rng_state(), cuda_state)

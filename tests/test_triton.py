@@ -1,4 +1,4 @@
-"""Tier 1: the Triton path's flash kernels (``attention/triton/flash.py``) against the float64 reference.
+"""Tier 1: the Triton path's long kernels (``attention/triton/long.py``) against the float64 reference.
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter
 (conftest sets TRITON_INTERPRET=1; the interpreter uses 16 x 16 tiles, so the
@@ -19,10 +19,11 @@ from fairseq_dnas.attention import kernels, selection
 from fairseq_dnas.attention.kernels import attend, choose_path
 from fairseq_dnas.modules import DNASMultiheadAttention
 
-flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton.flash", reason="triton is not installed (scripts/install.sh installs it)"
+long = pytest.importorskip(
+    "fairseq_dnas.attention.triton.long", reason="triton is not installed (scripts/install.sh installs it)"
 )
-from fairseq_dnas.attention.triton import common  # noqa: E402 (after the importorskip)
+from fairseq_dnas.attention.triton import dropout as triton_dropout  # noqa: E402 (after the importorskip)
+from fairseq_dnas.attention.triton import launch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T = 37  # three 16-row tiles under the interpreter, the last one ragged
@@ -31,8 +32,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
 @pytest.fixture(autouse=True)
-def _flash_kernels_at_every_length(monkeypatch):
-    """These tests hold flash.py's kernels; through ``attend`` short inputs
+def _long_kernels_at_every_length(monkeypatch):
+    """These tests hold long.py's kernels; through ``attend`` short inputs
     would otherwise run the one-tile kernels (tests/test_triton_short.py)."""
     monkeypatch.setenv(selection.SHORT_ENV, "0")
 
@@ -71,7 +72,7 @@ def _float64_autograd(q, k, v, u, scheme, kmask, qmask, keep=None, p=0.0, sinkho
     else:
         probs = AF.hnas_probs(s, ud, km, qm, sinkhorn_iters)
     if keep is not None:  # the kernels drop at p rounded to a multiple of 1/256, and scale by its complement
-        probs = probs * keep.double() / (1.0 - common.effective_dropout_p(p))
+        probs = probs * keep.double() / (1.0 - triton_dropout.effective_dropout_p(p))
     inputs = (qd, kd, vd) if ud is None else (qd, kd, vd, ud)
     return probs @ vd, inputs
 
@@ -83,7 +84,7 @@ def _grad_tol(ref, tol=1e-5):
 
 
 def _run(q, k, v, scheme, kmask, qmask, u, **kw):
-    return flash.triton_attention(
+    return long.triton_attention(
         q, k, v, hybrid_weight=u if scheme == "hnas" else None,
         key_padding_mask=kmask, query_padding_mask=qmask, **kw)
 
@@ -319,7 +320,7 @@ def test_sinkhorn_with_dropout_equals_autograd_with_the_same_mask():
     mask = _mask("left")
     p, seed = 0.2, _seed(99)
     out = _run(q, k, v, "hnas", mask, mask, u, dropout_p=p, seed=seed, sinkhorn_iters=2)
-    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
+    keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     grads = torch.autograd.grad(out, (q, k, v, u), g)
     ref_out, ref_ins = _float64_autograd(q, k, v, u, "hnas", mask, mask, keep=keep, p=p, sinkhorn_iters=2)
@@ -343,7 +344,7 @@ def test_dropout_gradients_equal_autograd_with_the_same_mask(scheme):
     mask = _mask("left")
     p, seed = 0.3, _seed(1234)
     out = _run(q, k, v, scheme, mask, mask, u, dropout_p=p, seed=seed)
-    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
+    keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p)
     kept = keep.float().mean().item()
     assert 0.6 < kept < 0.8, kept  # about 1 - p of the entries kept
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -443,8 +444,8 @@ def test_fairseq_module_on_the_triton_path(scheme, left_pad, sinkhorn_iters, mon
     need_weights still returns the probabilities."""
     monkeypatch.setenv(kernels.PATH_ENV, "triton")
     calls = []
-    apply = flash.TritonAttention.apply
-    monkeypatch.setattr(flash.TritonAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    apply = long.TritonLongAttention.apply
+    monkeypatch.setattr(long.TritonLongAttention, "apply", lambda *a: calls.append(1) or apply(*a))
     m = DNASMultiheadAttention(32, 2, scheme=scheme, hybrid_init=0.3, sinkhorn_iters=sinkhorn_iters)
     m = m.train().to(DEVICE)
     if m.hybrid_logit is not None:
@@ -521,10 +522,10 @@ def test_float32_products_follow_torchs_tf32_setting():
     before = matmul.allow_tf32
     try:
         matmul.allow_tf32 = False
-        assert common._precision(torch.float32) == "ieee"
-        assert common._precision(torch.float16) == "tf32"
+        assert launch.precision(torch.float32) == "ieee"
+        assert launch.precision(torch.float16) == "tf32"
         matmul.allow_tf32 = True
-        assert common._precision(torch.float32) == "tf32"
+        assert launch.precision(torch.float32) == "tf32"
     finally:
         matmul.allow_tf32 = before
 

@@ -1,5 +1,5 @@
 """Tier 1: the Triton kernels on inputs the fairseq module never passes, and
-their guards (``attention/triton/``: ``flash.py``, ``sinkhorn.py``, ``common.py``).
+their guards (``attention/triton/``: ``long.py``, ``sinkhorn.py``, ``dropout.py``, ``launch.py``, ``tiles.py``).
 
 - q, k, v with any strides (views of one packed projection, transposed
   layouts, an expanded key with stride 0): forward and gradients against
@@ -25,10 +25,12 @@ from conftest import ROOT, padding_mask
 
 from fairseq_dnas.attention import functional as AF
 
-flash = pytest.importorskip(
-    "fairseq_dnas.attention.triton.flash", reason="triton is not installed (scripts/install.sh installs it)"
+long = pytest.importorskip(
+    "fairseq_dnas.attention.triton.long", reason="triton is not installed (scripts/install.sh installs it)"
 )
-from fairseq_dnas.attention.triton import common, sinkhorn  # noqa: E402
+from fairseq_dnas.attention.triton import column, launch, sinkhorn  # noqa: E402
+from fairseq_dnas.attention.triton import dropout as triton_dropout  # noqa: E402
+from fairseq_dnas.attention.triton import tiles as tile_table  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 T, B, H, D = 19, 2, 2, 16  # two 16-row tiles under the interpreter, the second ragged
@@ -42,12 +44,12 @@ def _reference(q, k, v, u, kmask, qmask, keep=None, p=0.0, sinkhorn_iters=1):
     probs = (AF.dnas_probs(s, km, qm, sinkhorn_iters) if u is None
              else AF.hnas_probs(s, u, km, qm, sinkhorn_iters))
     if keep is not None:
-        probs = probs * keep.double() / (1.0 - common.effective_dropout_p(p))
+        probs = probs * keep.double() / (1.0 - triton_dropout.effective_dropout_p(p))
     return probs @ v
 
 
 def _attention(q, k, v, u, mask, **kw):
-    return flash.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
+    return long.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=mask,
                                          query_padding_mask=mask, **kw)
 
 
@@ -99,7 +101,7 @@ def test_any_input_strides_forward_and_gradients(layout, scheme, p):
     q, k, v = views(x)
     assert not all(t.is_contiguous() for t in (q, k, v))
     seed = _seed(31)
-    keep = common.dropout_mask(seed, (B, H, T, T), p) if p else None
+    keep = triton_dropout.dropout_mask(seed, (B, H, T, T), p) if p else None
     out = _attention(q, k, v, u, mask, dropout_p=p, seed=seed)
     ref = _reference(*views(xd), ud, mask, mask, keep=keep, p=p)
     if p:  # the mask drops something: a kernel without dropout would miss the reference
@@ -160,11 +162,11 @@ OTHER_TILES = dict(forward=(32, 32, 1), backward_kv=(16, 64, 1), backward_q=(64,
 
 
 def _mask_in_tiles(monkeypatch, seed, shape, p, tile):
-    """``common.dropout_mask`` drawn in (BLOCK_M, BLOCK_N) = ``tile`` (the
+    """``triton_dropout.dropout_mask`` drawn in (BLOCK_M, BLOCK_N) = ``tile`` (the
     column pass's entry of the tile table it reads)."""
-    table = common.INTERPRETER_TILES if common.INTERPRETED else common.GPU_TILES["half", 64]
+    table = tile_table.INTERPRETER_TILES if tile_table.INTERPRETED else tile_table.GPU_TILES["half", 64]
     monkeypatch.setitem(table, "column", (*tile, *table["column"][2:]))
-    return common.dropout_mask(seed, shape, p)
+    return triton_dropout.dropout_mask(seed, shape, p)
 
 
 def test_dropout_mask_does_not_depend_on_the_tiles(monkeypatch):
@@ -176,10 +178,10 @@ def test_dropout_mask_does_not_depend_on_the_tiles(monkeypatch):
     m = masks[0]
     assert not torch.equal(m[0, 0], m[0, 1]) and not torch.equal(m[0, 0], m[1, 0])
     assert not torch.equal(m[0, 0, 0], m[0, 0, 1])
-    assert not torch.equal(m, common.dropout_mask(_seed(6), shape, p))
+    assert not torch.equal(m, triton_dropout.dropout_mask(_seed(6), shape, p))
 
 
-# The mask as common.py's docstring defines it, computed here without Triton: Philox4x32-7
+# The mask as dropout.py's docstring defines it, computed here without Triton: Philox4x32-7
 # (Salmon et al. 2011; Triton's tl.philox and Random123's philox4x32 round), then the bytes.
 _M32 = 0xFFFFFFFF
 
@@ -215,13 +217,13 @@ def _documented_words_and_bytes(seed, shape):
 
 def test_dropout_mask_is_the_documented_philox_bytes():
     """dropout_mask (the kernels' own _keep, under the interpreter) equals the
-    definition of common.py's docstring computed in numpy: Philox4x32-7
+    definition of dropout.py's docstring computed in numpy: Philox4x32-7
     with the documented counter and key, the documented byte of each key,
     dropped below t = round(256 p)."""
     shape, seed, p = (2, 3, 37, 53), 2**40 + 12345, 0.3
     *_, byte = _documented_words_and_bytes(seed, shape)
-    expected = torch.from_numpy(byte >= common.dropout_threshold(p))
-    assert torch.equal(common.dropout_mask(_seed(seed), shape, p).cpu(), expected)
+    expected = torch.from_numpy(byte >= triton_dropout.dropout_threshold(p))
+    assert torch.equal(triton_dropout.dropout_mask(_seed(seed), shape, p).cpu(), expected)
 
 
 # The instructions _dropped and _byte_pair run on the GPU (the interpreter cannot run inline
@@ -273,10 +275,10 @@ def test_dropout_gpu_instructions_compute_the_interpreters_mask():
     operand (element j + k into vector lane k, little-endian); under that
     convention the float32 pair's first value ($2) must take p, the low half."""
     # the instructions the model follows, with its operand order: threshold first, bytes second
-    assert common.BYTE_PAIR_PTX.value == "prmt.b32 $0, $1, 0, $2;"
-    assert "set.le.u32.f16x2 m, $3, $2; and.b32 $0, $1, m;" in common.DROP_HALF_PAIR_PTX.value
+    assert triton_dropout.BYTE_PAIR_PTX.value == "prmt.b32 $0, $1, 0, $2;"
+    assert "set.le.u32.f16x2 m, $3, $2; and.b32 $0, $1, m;" in triton_dropout.DROP_HALF_PAIR_PTX.value
     assert "setp.le.f16x2 p|q, $5, $4; selp.b32 $0, $2, 0, p; selp.b32 $1, $3, 0, q;" in \
-        common.DROP_FLOAT_PAIR_PTX.value
+        triton_dropout.DROP_FLOAT_PAIR_PTX.value
     t = np.arange(1, 256, dtype=np.uint64)[:, None]  # the kernels run with 1 <= t <= 255
     z = np.arange(256, dtype=np.uint64)[None, :]
     mask = _set_le_u32_f16x2(t * np.uint64(0x10001), z | (z << np.uint64(16)))
@@ -288,11 +290,11 @@ def test_dropout_gpu_instructions_compute_the_interpreters_mask():
     word, e, b, byte = _documented_words_and_bytes(seed, shape)
     z = np.empty_like(word)
     for half in (0, 1):  # _byte_pair: prmt.b32 z, word, 0, BYTE_PAIR + 0x202 e
-        z = np.where(e == half, _prmt(word, np.zeros_like(word), common.BYTE_PAIR.value + 0x202 * half), z)
+        z = np.where(e == half, _prmt(word, np.zeros_like(word), triton_dropout.BYTE_PAIR.value + 0x202 * half), z)
     half_b = (16 * b).astype(np.uint64)  # key b of a pair of neighbours: half b of z
     assert np.array_equal(((z >> half_b) & np.uint64(0xFFFF)).reshape(shape), byte)
-    t_pair = np.uint64(common.dropout_threshold(p) * 0x10001)
-    expected = common.dropout_mask(_seed(seed), shape, p).cpu()
+    t_pair = np.uint64(triton_dropout.dropout_threshold(p) * 0x10001)
+    expected = triton_dropout.dropout_mask(_seed(seed), shape, p).cpu()
     # float16/bfloat16 pair: and.b32 of the set.le.u32.f16x2 mask with two values (1.0 each here)
     ones = np.uint64(0x3C00 * 0x10001)
     kept = ((_set_le_u32_f16x2(t_pair, z) & ones) >> half_b) & np.uint64(0xFFFF) == np.uint64(0x3C00)
@@ -317,16 +319,16 @@ def test_dropout_same_mask_in_all_three_kernels_at_two_tile_shapes(scheme, monke
     qmask = padding_mask(LENGTHS, T, True).to(DEVICE)
     kmask = padding_mask((37, 30), tk, False).to(DEVICE)
     p, seed = 0.25, _seed(77)
-    keep = common.dropout_mask(seed, (B, H, T, tk), p)
+    keep = triton_dropout.dropout_mask(seed, (B, H, T, tk), p)
     ref_ins = [x.to(DEVICE).requires_grad_() for x in (q, k, v)] + ([] if u is None else [u.to(DEVICE).requires_grad_()])
     ref = _reference(*ref_ins[:3], ref_ins[3] if u is not None else None, kmask, qmask, keep=keep, p=p)
     dout = torch.randn(ref.shape, generator=g).to(DEVICE)
     ref_grads = torch.autograd.grad(ref, ref_ins, dout.double())
     for tiles in ({}, OTHER_TILES):
         for kernel, tile in tiles.items():
-            monkeypatch.setitem(common.INTERPRETER_TILES, kernel, tile)
+            monkeypatch.setitem(tile_table.INTERPRETER_TILES, kernel, tile)
         ins = [x.detach().float().requires_grad_() for x in ref_ins]
-        out = flash.triton_attention(*ins[:3], hybrid_weight=ins[3] if u is not None else None,
+        out = long.triton_attention(*ins[:3], hybrid_weight=ins[3] if u is not None else None,
                                             key_padding_mask=kmask, query_padding_mask=qmask,
                                             dropout_p=p, seed=seed)
         torch.testing.assert_close(out.double(), ref.detach(), atol=1e-5, rtol=0, msg=lambda m: f"{tiles}: {m}")
@@ -343,7 +345,7 @@ def test_dropout_rate_within_three_standard_errors(p, monkeypatch):
     Philox call decides (a layout slip would repeat or skip bytes)."""
     shape = (2, 2, 128, 256)
     keep = _mask_in_tiles(monkeypatch, _seed(2024), shape, p, (64, 64))  # large tiles: a fast interpreter
-    p_eff = common.effective_dropout_p(p)
+    p_eff = triton_dropout.effective_dropout_p(p)
     assert abs(p_eff - p) <= 1 / 512
     dropped = (~keep).double()
     n = dropped.numel()
@@ -359,14 +361,14 @@ def test_dropout_rate_within_three_standard_errors(p, monkeypatch):
 
 
 def test_dropout_threshold_rounds_p_to_multiples_of_1_256():
-    assert common.dropout_threshold(0.0) == 0
-    assert common.dropout_threshold(0.1) == 26  # p_eff = 0.1015625
-    assert common.dropout_threshold(0.999) == 255  # below 1: something is kept
-    assert common.dropout_threshold(1.0) == 256
-    assert common.effective_dropout_p(0.5) == 0.5
+    assert triton_dropout.dropout_threshold(0.0) == 0
+    assert triton_dropout.dropout_threshold(0.1) == 26  # p_eff = 0.1015625
+    assert triton_dropout.dropout_threshold(0.999) == 255  # below 1: something is kept
+    assert triton_dropout.dropout_threshold(1.0) == 256
+    assert triton_dropout.effective_dropout_p(0.5) == 0.5
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="probability in"):
-            flash.triton_attention(*(torch.zeros(1, 1, 4, 16),) * 3, dropout_p=bad)
+            long.triton_attention(*(torch.zeros(1, 1, 4, 16),) * 3, dropout_p=bad)
 
 
 def test_dropout_p_one_gives_zeros_and_zero_gradients():
@@ -386,13 +388,13 @@ def test_dropout_p_one_gives_zeros_and_zero_gradients():
 def test_int64_offsets_are_chosen_from_the_largest_offset_a_tensor_reaches():
     """No memory is allocated: meta tensors carry shapes and strides only."""
     small = torch.empty((2, 12, 128, 64), device="meta")
-    assert not common.needs_int64(small, None)
-    assert common.needs_int64(small, torch.empty((2**31,), device="meta"))
+    assert not launch.needs_int64(small, None)
+    assert launch.needs_int64(small, torch.empty((2**31,), device="meta"))
     # a (B, H, T, D) view of a (T, B, H * D) projection with 2**31 elements: offsets T * B * H * D
     t, bsz, heads, d = 2**15, 2**4, 2**6, 2**6
     view = torch.empty((t, bsz, heads * d), device="meta").view(t, bsz, heads, d).permute(1, 2, 0, 3)
-    assert common.needs_int64(view)
-    assert not common.needs_int64(view[:, :, : t // 2])
+    assert launch.needs_int64(view)
+    assert not launch.needs_int64(view[:, :, : t // 2])
 
 
 def test_int64_code_path_gives_the_same_results(monkeypatch):
@@ -406,7 +408,7 @@ def test_int64_code_path_gives_the_same_results(monkeypatch):
     results = []
     for forced in (False, True):
         if forced:
-            for module in (flash, common, sinkhorn):
+            for module in (long, column, sinkhorn):
                 monkeypatch.setattr(module, "needs_int64", lambda *tensors: True)
         out = _attention(q, k, v, u, mask, **kw)
         results.append((out, *torch.autograd.grad(out, (q, k, v, u), torch.ones_like(out))))
@@ -416,9 +418,9 @@ def test_int64_code_path_gives_the_same_results(monkeypatch):
 
 def test_grid_is_one_axis_with_room_for_any_batch():
     """B * H * blocks programs on axis 0 (2**31 - 1), not B on an axis of 65,535."""
-    assert common.grid(128, 64, 100_000, 16) == (2 * 100_000 * 16,)
+    assert launch.grid(128, 64, 100_000, 16) == (2 * 100_000 * 16,)
     with pytest.raises(ValueError, match="split the batch"):
-        common.grid(2**20, 16, 2**12, 16)
+        launch.grid(2**20, 16, 2**12, 16)
 
 
 def test_kernels_launch_on_the_inputs_device(monkeypatch):
@@ -426,13 +428,13 @@ def test_kernels_launch_on_the_inputs_device(monkeypatch):
     without set_device); on CPU nothing is entered."""
     entered = []
     monkeypatch.setattr(torch.cuda, "device", lambda dev: entered.append(dev) or _Nothing())
-    common.on_device(torch.empty(1, device="meta"))
+    launch.on_device(torch.empty(1, device="meta"))
     assert entered == []
 
     class FakeCuda:
         device = torch.device("cuda", 1)
 
-    common.on_device(FakeCuda())
+    launch.on_device(FakeCuda())
     assert entered == [torch.device("cuda", 1)]
 
 
@@ -465,13 +467,13 @@ def test_float16_dk_with_a_large_mean_query(monkeypatch):
     ref_dk = torch.autograd.grad(_reference(qd, kd, vd, None, mask, mask), kd, do.double())[0]
     seed = torch.zeros(1, dtype=torch.int64, device=DEVICE)
     errors = {}
-    query_mean = flash.query_mean
+    query_mean = long.query_mean
     for center in (False, True):
         # without the centring: mu = 0 (the kv kernel then takes q itself)
-        monkeypatch.setattr(flash, "query_mean", query_mean if center else lambda q, qpad: torch.zeros(
+        monkeypatch.setattr(long, "query_mean", query_mean if center else lambda q, qpad: torch.zeros(
             q.shape[0], q.shape[1], q.shape[3], dtype=torch.float32, device=q.device))
-        out, o_d, c, r_d, r_u, _ = flash._forward(q, k, v, None, mask, mask, 0.0, seed, 1)
-        _, dk, _, _ = flash._backward(do, q, k, v, None, mask, mask, 0.0, seed, out, o_d, c, r_d, r_u)
+        out, o_d, c, r_d, r_u, _ = long._forward(q, k, v, None, mask, mask, 0.0, seed, 1)
+        _, dk, _, _ = long._backward(do, q, k, v, None, mask, mask, 0.0, seed, out, o_d, c, r_d, r_u)
         errors[center] = (dk.double() - ref_dk).abs().max().item()
     rounding = torch.finfo(torch.float16).eps * ref_dk.abs().max().item()  # one ulp of the largest dk
     msg = f"max |dk - float64|: without centring {errors[False]:.2e}, with {errors[True]:.2e}, ulp {rounding:.2e}"

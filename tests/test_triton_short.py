@@ -24,9 +24,9 @@ from fairseq_dnas.attention import kernels, selection, selfcheck
 from fairseq_dnas.modules import DNASMultiheadAttention
 
 short = pytest.importorskip("fairseq_dnas.attention.triton.short", reason="triton is not installed")
-from fairseq_dnas.attention.triton import flash  # noqa: E402 (after the skip)
+from fairseq_dnas.attention.triton import long  # noqa: E402 (after the skip)
 from triton_checks import (DEVICE, F16, F32, _inputs, _masks, check_against_float64,  # noqa: E402
-                           check_bitwise_repeatable, check_exactness, check_head_size, check_same_as_flash,
+                           check_bitwise_repeatable, check_exactness, check_head_size, check_same_as_long,
                            check_strided_views)
 
 FIRST = "_short_forward_kernel"
@@ -91,9 +91,9 @@ def test_one_query_and_one_key(scheme):
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_short_equals_flash_for_the_same_dropout_seed(scheme):
+def test_short_equals_long_for_the_same_dropout_seed(scheme):
     """The same mask (a function of (seed, b H + h, i, j // 16) only)."""
-    check_same_as_flash(short, scheme)
+    check_same_as_long(short, scheme)
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -119,7 +119,7 @@ class _FakeCuda:
 
 
 @pytest.mark.parametrize("value,length,expect", [
-    (None, 128, "short"), ("auto", 128, "short"), (None, 129, "flash"), ("0", 20, "flash"), ("", 20, "short"),
+    (None, 128, "short"), ("auto", 128, "short"), (None, 129, "long"), ("0", 20, "long"), ("", 20, "short"),
 ])
 def test_selection_reads_the_variable(value, length, expect, monkeypatch):
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
@@ -129,20 +129,20 @@ def test_selection_reads_the_variable(value, length, expect, monkeypatch):
         monkeypatch.setenv(selection.SHORT_ENV, value)
     assert selection.kernel_set(1, length, length, 64, F16, "dnas") == expect
     assert selection.kernel_set(1, 20, length, 64, F16, "dnas") == expect  # the longer of T_q, T_k decides
-    assert selection.kernel_set(3, 20, 20, 64, F16, "dnas") == "flash"  # Sinkhorn rounds: flash only
-    assert selection.kernel_set(1, length, length, 64, F32, "dnas") == "flash"  # float32 spills on sm_90: never
+    assert selection.kernel_set(3, 20, 20, 64, F16, "dnas") == "long"  # Sinkhorn rounds: long only
+    assert selection.kernel_set(1, length, length, 64, F32, "dnas") == "long"  # float32 spills on sm_90: never
     assert selection.choose(_FakeCuda(length)) == selection.Choice("triton", expect)  # what auto runs on CUDA
     assert selection.choose(_FakeCuda(length), path="triton") == selection.Choice("triton", expect, forced=True)
-    assert selection.attention_function(expect) is {"short": short, "flash": flash}[expect].triton_attention
+    assert selection.attention_function(expect) is {"short": short, "long": long}[expect].triton_attention
 
 
-def test_auto_runs_flash_where_short_does_not_apply(monkeypatch):
+def test_auto_runs_long_where_short_does_not_apply(monkeypatch):
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
-    assert selection.choose(_FakeCuda(4096)) == selection.Choice("triton", "flash")
-    assert selection.choose(_FakeCuda(20), sinkhorn_iters=3) == selection.Choice("triton", "flash")
-    assert selection.choose(_FakeCuda(20, dtype=F32)) == selection.Choice("triton", "flash")
-    assert selection.choose(_FakeCuda(129), scheme="hnas") == selection.Choice("triton", "flash")
+    assert selection.choose(_FakeCuda(4096)) == selection.Choice("triton", "long")
+    assert selection.choose(_FakeCuda(20), sinkhorn_iters=3) == selection.Choice("triton", "long")
+    assert selection.choose(_FakeCuda(20, dtype=F32)) == selection.Choice("triton", "long")
+    assert selection.choose(_FakeCuda(129), scheme="hnas") == selection.Choice("triton", "long")
     assert selection.choose(_FakeCuda(20), need_weights=True) == selection.Choice("dense")
 
 
@@ -156,7 +156,7 @@ def test_the_longest_short_input_is_one_tile(head_dim, scheme, longest, monkeypa
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
     for dtype in (F16, torch.bfloat16):
         assert selection.kernel_set(1, longest, longest, head_dim, dtype, scheme) == "short"
-        assert selection.kernel_set(1, longest + 1, 8, head_dim, dtype, scheme) == "flash"
+        assert selection.kernel_set(1, longest + 1, 8, head_dim, dtype, scheme) == "long"
 
 
 def test_an_edited_short_max_takes_effect(monkeypatch):
@@ -170,9 +170,9 @@ def test_an_edited_short_max_takes_effect(monkeypatch):
     config = selfcheck.Config("cuda", F16, 64, "hnas", False, 1, True, kernels="short")
     assert selfcheck.sizes(config)["length"] == 100  # a ragged 128 tile
     monkeypatch.setitem(selection.SHORT_MAX, ("half", 64, "hnas"), 64)
-    assert selection.choose(_FakeCuda(100), scheme="hnas").kernels == "flash"
+    assert selection.choose(_FakeCuda(100), scheme="hnas").kernels == "long"
     assert selection.choose(_FakeCuda(64), scheme="hnas") == selection.Choice("triton", "short")
-    assert selection.kernel_sets(1, 64, F16, "hnas") == ("short", "flash")
+    assert selection.kernel_sets(1, 64, F16, "hnas") == ("short", "long")
     assert selfcheck.sizes(config)["length"] == 50  # a ragged 64 tile
 
 
@@ -190,10 +190,10 @@ def test_attend_runs_the_one_tile_kernels_up_to_128(length, first_kernel, monkey
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
     q = torch.zeros(1, 1, length, 16, device=DEVICE, dtype=F16)
     seen = []
-    for module in (short, flash):  # record the call, run nothing
+    for module in (short, long):  # record the call, run nothing
         monkeypatch.setattr(module, "triton_attention", lambda *a, module=module, **kw: seen.append(module) or q)
     kernels.attend(q, q, q, scheme="dnas", path="triton")
-    assert seen == [short if first_kernel == FIRST else flash]
+    assert seen == [short if first_kernel == FIRST else long]
 
 
 # --- launches per step ----------------------------------------------------------------------------------------
@@ -220,13 +220,13 @@ def test_two_kernels_a_step(scheme, p, monkeypatch):
     assert launches.total <= (3 if p > 0 else 2) + (scheme == "hnas")
 
 
-# Triton launches + computing torch operations of flash.py's kernels per step (recorded in docs/performance.md).
-FLASH_LAUNCHES = {"dnas": 12, "hnas": 13}
+# Triton launches + computing torch operations of long.py's kernels per step (recorded in docs/performance.md).
+LONG_LAUNCHES = {"dnas": 12, "hnas": 13}
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_flash_launches_a_step(scheme, monkeypatch):
-    """The same count for flash.py's kernels (FAIRSEQ_DNAS_TRITON_SHORT=0),
+def test_long_launches_a_step(scheme, monkeypatch):
+    """The same count for long.py's kernels (FAIRSEQ_DNAS_TRITON_SHORT=0),
     five kernels and the torch operations around them."""
     monkeypatch.setenv(selection.SHORT_ENV, "0")
     q, k, v, do, u = _inputs(F32, tq=20, tk=20, d=16, batch=2, heads=1)
@@ -236,7 +236,7 @@ def test_flash_launches_a_step(scheme, monkeypatch):
                                 hybrid_weight=u if scheme == "hnas" else None, path="triton")
         torch.autograd.grad(out, (q, k, v, u) if scheme == "hnas" else (q, k, v), do)
     assert launches.triton[0] == "_column_lse_kernel" and len(launches.triton) == 5, launches.describe()
-    assert launches.total == FLASH_LAUNCHES[scheme], launches.describe()
+    assert launches.total == LONG_LAUNCHES[scheme], launches.describe()
 
 
 def test_counting_sees_torch_operations_and_not_views():
@@ -288,7 +288,7 @@ def test_the_check_command_runs_the_one_tile_kernels(monkeypatch):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "kernels: short for inputs up to" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith("hnas ")]
-    assert [line.split()[5] for line in rows] == ["short", "flash"], r.stdout
+    assert [line.split()[5] for line in rows] == ["short", "long"], r.stdout
     assert all(line.endswith(" ok") for line in rows), r.stdout
 
 

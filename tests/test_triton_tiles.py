@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-common = pytest.importorskip(
-    "fairseq_dnas.attention.triton.common", reason="triton is not installed (scripts/install.sh installs it)"
+tile_table = pytest.importorskip(
+    "fairseq_dnas.attention.triton.tiles", reason="triton is not installed (scripts/install.sh installs it)"
 )
 
 
@@ -35,7 +35,7 @@ KERNELS = {"column_lse": ("HAS_BIAS",), "forward": ("HYBRID", "DROPOUT"), "backw
 
 
 def _compile(cases, *extra):
-    """benchmarks/triton_spills.py on ``cases`` (``--short 0``: the flash
+    """benchmarks/triton_spills.py on ``cases`` (``--short 0``: the long
     kernels at every length, as the tests here pass): the kernels compiled for
     sm_90 as the JIT specializes the forward and backward of DNAS and HNAS,
     dropout 0 and 0.1, Sinkhorn 1 and 3 rounds (no GPU needed: Triton's
@@ -112,7 +112,7 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path, ker
         # step 1: the current tile and every candidate, timed on all 4 workloads
         # (DNAS/HNAS x dropout 0/0.1) and checked against the current tile
         previous = tuple(timed["previous"])
-        expected = {previous} | {(*t, common.STAGES) for t in _candidates()[kernel]}
+        expected = {previous} | {(*t, tile_table.STAGES) for t in _candidates()[kernel]}
         assert set(tiles_step["relative_time"]) == {"%dx%d/%dw/%ds" % t for t in expected}
         assert tiles_step["relative_time"][tiles_step["baseline"]] == 1.0
         assert tiles_step["baseline"] == "%dx%d/%dw/%ds" % previous
@@ -125,14 +125,14 @@ def test_tuner_times_every_candidate_and_the_kernels_read_its_file(tmp_path, ker
         assert stages_step["chosen"] == "%dx%d/%dw/%ds" % tuple(tiles[kernel])
     assert "REJECTED" not in res.stderr and "skipped" not in res.stderr
     # the kernels take the file's tiles (with their stages), and only those
-    probe = ("from fairseq_dnas.attention.triton import common as F; import json; "
+    probe = ("from fairseq_dnas.attention.triton import tiles as F; import json; "
              "print(json.dumps({k: list(v) for k, v in F.GPU_TILES['float32', 64].items()}))")
     res = _run(["-c", probe], env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(out)))
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(res.stdout)
     for kernel in kernels:
         assert got[kernel] == tiles[kernel], kernel
-    assert got["forward"] == list(common.GPU_TILES["float32", 64]["forward"])  # not tuned: unchanged
+    assert got["forward"] == list(tile_table.GPU_TILES["float32", 64]["forward"])  # not tuned: unchanged
 
 
 def _tuner():
@@ -188,14 +188,14 @@ def test_a_bad_tiles_file_says_what_to_fix(tmp_path, content, message):
     path = tmp_path / "tiles.json"
     path.write_text(content)
     with pytest.raises(ValueError, match="benchmarks/triton_tiles.py") as err:
-        common.read_tiles(str(path))
+        tile_table.read_tiles(str(path))
     assert message in str(err.value) and str(path) in str(err.value)
 
 
 def test_a_bad_tiles_file_stops_the_import(tmp_path):
     path = tmp_path / "tiles.json"
     path.write_text('{"tiles": {"half:64": {"forward": [64, 32]}}}')
-    res = _run(["-c", "import fairseq_dnas.attention.triton.flash"],
+    res = _run(["-c", "import fairseq_dnas.attention.triton.long"],
                env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(path)))
     assert res.returncode != 0 and "FAIRSEQ_DNAS_TRITON_TILES=" in res.stderr
     assert "[64, 32] is not [BLOCK_M, BLOCK_N, warps(, stages)]" in res.stderr

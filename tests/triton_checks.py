@@ -10,7 +10,8 @@ import torch
 from conftest import padding_mask
 from test_triton import TOL, _float64_autograd, _grad_tol
 
-from fairseq_dnas.attention.triton import common, flash
+from fairseq_dnas.attention.triton import dropout as triton_dropout
+from fairseq_dnas.attention.triton import long
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32, F16 = torch.float32, torch.float16
@@ -46,7 +47,7 @@ def check_against_float64(module, q, k, v, do, u, scheme, kmask, qmask, p=0.0, s
                                   dropout_p=p, seed=seed)
     inputs = (q, k, v) if hybrid is None else (q, k, v, u)
     grads = torch.autograd.grad(out, inputs, do)
-    keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p).cpu() if p > 0 else None
+    keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p).cpu() if p > 0 else None
     ref, ref_inputs = _float64_autograd(*(x.cpu() for x in (q, k, v)), None if hybrid is None else u.cpu(), scheme,
                                         None if kmask is None else kmask.cpu(),
                                         None if qmask is None else qmask.cpu(), keep, p)
@@ -103,14 +104,14 @@ def check_strided_views(module, scheme, tq=19, tk=33):
     return out, grads
 
 
-def check_same_as_flash(module, scheme):
-    """The same output and gradients as flash.py's kernels for the same dropout seed (the same mask)."""
+def check_same_as_long(module, scheme):
+    """The same output and gradients as long.py's kernels for the same dropout seed (the same mask)."""
     q, k, v, do, u = _inputs(F32, tq=20, tk=20, batch=2, heads=2)
     kmask, qmask = _masks(left=False, tq=20, tk=20, batch=2)
     seed = torch.tensor([7], dtype=torch.int64, device=DEVICE)
     inputs = (q, k, v, u) if scheme == "hnas" else (q, k, v)
     results = []
-    for kernels_module in (flash, module):
+    for kernels_module in (long, module):
         out = kernels_module.triton_attention(q, k, v, hybrid_weight=u if scheme == "hnas" else None,
                                               key_padding_mask=kmask, query_padding_mask=qmask, dropout_p=0.3,
                                               seed=seed)

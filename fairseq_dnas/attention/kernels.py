@@ -9,12 +9,14 @@ Every path computes the same function (``tests/test_kernels.py`` holds each
 to the float64 reference, forward and gradients): ``materialized`` (autograd
 through ``functional.py``), ``dense`` (``dense.py``), ``flash`` and
 ``blockwise`` (no T x T matrix on CPU: ``fused.py``, ``primitives.py``) and
-``triton`` (the GPU kernels of ``attention/triton/``). ``selection.py``
-decides which one runs (``auto`` by default: the Triton kernels on CUDA,
-else the CPU paths); on the ``auto`` path the kernels are checked on first
-use and fall back where they fail (``selfcheck.py``). 'unas' always runs
-``materialized`` here: the fairseq module hands UNAS to fairseq's own
-attention. Details: docs/math.md, docs/performance.md.
+``triton`` (the GPU kernels of ``attention/triton/``). ``dispatch.resolve``
+decides once per call which one runs, by the rules of ``selection.py``
+(``auto`` by default: the Triton kernels on CUDA, else the CPU paths); on
+the ``auto`` path the kernels are checked on first use and fall back where
+they fail (``selfcheck.py``); the call chain is in ``dispatch.py``'s
+docstring. 'unas' always runs ``materialized`` here: the fairseq module
+hands UNAS to fairseq's own attention. Details: docs/math.md,
+docs/performance.md.
 """
 
 from typing import Callable, Optional, Tuple
@@ -23,7 +25,7 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
-from fairseq_dnas.attention import primitives, selection, selfcheck
+from fairseq_dnas.attention import dispatch, primitives, selfcheck
 from fairseq_dnas.attention.dense import dense_probs
 from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
 from fairseq_dnas.attention.selection import (  # noqa: F401 (the callers' names for them)
@@ -77,24 +79,14 @@ def attend(
             f"cross-attention ({q.shape[-2]} queries, {k.shape[-2]} keys) with a key padding mask "
             "needs query_padding_mask (B, T_q), all False when no query is padded"
         )
-    if scheme == "unas":
-        # The plugin's module hands UNAS to fairseq's own attention; here it is
-        # only reached by direct callers (tests, benchmarks): the reference math.
-        selection.requested_path(path)  # a bad path is still an error
-        choice = Choice("materialized")
-    else:
-        choice = selection.choose(q, k, scheme=scheme, sinkhorn_iters=sinkhorn_iters,
-                                  dropout=dropout_active(dropout), need_weights=need_weights, path=path)
-    chosen = choice.path
+    decision = dispatch.resolve(q, k, scheme=scheme, padding=pad is not None or qpad is not None,
+                                sinkhorn_iters=sinkhorn_iters, dropout=dropout, need_weights=need_weights, path=path)
+    chosen = decision.path
     if chosen == "triton":
-        args = (q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters)
-        if choice.forced:  # no check, no fallback
-            return _attend_triton(choice, *args)
-        result = _attend_triton_checked(choice, *args)
+        result = _run_triton(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weights, sinkhorn_iters)
         if result is not None:
             return result
-        chosen = selection.fallback_path(q, sinkhorn_iters=sinkhorn_iters,
-                                         needs_probs=need_weights or dropout_active(dropout))
+        chosen = decision.fallback
     if chosen in ("flash", "blockwise"):
         prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
         if scheme == "dnas":
@@ -127,45 +119,32 @@ def _check_hybrid_weight_given(hybrid_weight: Optional[Tensor], heads: int) -> N
         raise ValueError(f"hybrid_weight must be a tensor of shape (H,) = ({heads},); got {got}")
 
 
-def _triton_dropout_p(dropout) -> float:
-    p = dropout_p(dropout)
-    if p is None:
-        raise ValueError(
-            "attention path 'triton' applies dropout inside its kernels and needs its "
-            "probability: pass a dropout module with a `p` attribute (fairseq's FairseqDropout)"
-        )
-    return p
-
-
-def _attend_triton_checked(choice, q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights,
-                           sinkhorn_iters):
-    """``_attend_triton`` on the ``auto`` path: None where the kernels are off
-    for this configuration (the first-use check failed now or before), or
-    where they cannot compile or launch now (then off from here on)."""
-    p = _triton_dropout_p(dropout)  # a caller's error, not the kernels': raised
-    config = selfcheck.config_of(q, scheme, padding=pad is not None or qpad is not None, dropout=p > 0,
-                                 sinkhorn_iters=sinkhorn_iters, kernels=choice.kernels)
-    if not selfcheck.triton_usable(config, selection.attention_function(choice.kernels)):
+def _run_triton(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weights, sinkhorn_iters):
+    """The output of ``decision.function`` (the Triton kernels), or None on the
+    ``auto`` path where they are off for ``decision.checked`` (the first-use
+    check failed now or before, or they cannot compile or launch now: then
+    off from here on). Forced by name (``checked`` None): no check, no None."""
+    if decision.checked is None:
+        return _triton_output(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weights, sinkhorn_iters)
+    if not selfcheck.triton_usable(decision.checked, decision.function):
         return None
     try:
-        return _attend_triton(choice, q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights,
-                              sinkhorn_iters)
+        return _triton_output(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weights, sinkhorn_iters)
     except torch.cuda.OutOfMemoryError:
         raise  # the fallback needs more memory, not less
     except Exception as e:  # noqa: BLE001 (triton's compile and launch errors have no common base class)
-        selfcheck.disable(config, f"the kernels could not compile or launch ({type(e).__name__}: "
-                                  f"{selfcheck.first_line(e)})")
+        selfcheck.disable(decision.checked, f"the kernels could not compile or launch ({type(e).__name__}: "
+                                            f"{selfcheck.first_line(e)})")
         return None
 
 
-def _attend_triton(choice, q, k, v, scheme, pad, qpad, hybrid_weight, dropout, need_weights, sinkhorn_iters=1):
-    p = _triton_dropout_p(dropout)
-    out = selection.attention_function(choice.kernels)(  # imports triton
+def _triton_output(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weights, sinkhorn_iters):
+    out = decision.function(
         q, k, v,
         hybrid_weight=hybrid_weight if scheme == "hnas" else None,
         key_padding_mask=pad,
         query_padding_mask=qpad,
-        dropout_p=p,
+        dropout_p=decision.dropout_p,
         sinkhorn_iters=sinkhorn_iters,
     )
     weights = None

@@ -1,18 +1,24 @@
-"""Which path and which Triton kernels a call runs: the one place that decides.
+"""Which path and which Triton kernel set a call runs: the rules, in one place.
 
 ``choose`` turns the settings of a call (the ``path`` argument or
 ``FAIRSEQ_DNAS_ATTENTION_PATH``, ``FAIRSEQ_DNAS_TRITON_SHORT``, the device,
 dtype, head size and lengths, Sinkhorn iterations, dropout, need_weights)
-into a ``Choice``; ``kernels.attend`` runs it, ``selfcheck.py`` checks the
-kernels it names and ``python -m fairseq_dnas.check`` lists them. Nothing
-here imports triton.
+into a ``Choice``. ``dispatch.resolve`` applies it once per call (with the
+dropout probability and the kernel function, ``attention_function``);
+``python -m fairseq_dnas.check`` lists the kernel sets of each configuration
+(``kernel_sets``). Nothing here imports triton until ``attention_function``
+is called.
+
+Names: a *path* (``PATHS``) is how ``kernels.attend`` computes a call;
+'flash' is the CPU path on PyTorch's own flash-attention kernels
+(``fused.py``). A *kernel set* (``KERNEL_SETS``) is a file of Triton kernels
+under ``attention/triton/`` that the path 'triton' runs: 'short' (one tile a
+head) or 'long' (any length).
 """
 
 import dataclasses
-import importlib
 import importlib.util
 import os
-import sys
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -25,7 +31,9 @@ PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
 # The Triton kernel sets, named after their files in attention/triton/: one
 # tile a head for short inputs, and the long-sequence kernels (any length, any
 # number of Sinkhorn rounds).
-KERNEL_SETS = ("short", "flash")
+KERNEL_SETS = ("short", "long")
+# Former names of kernel sets: an error that says the new one, not a silent guess.
+RENAMED_KERNEL_SETS = {"flash": "long"}
 SHORT_ENV = "FAIRSEQ_DNAS_TRITON_SHORT"
 SHORT_MODES = ("auto", "0")  # auto: the one-tile kernels wherever SHORT_MAX allows; 0: never
 # The longest T_q, T_k the one-tile kernels (triton/short.py) take, by input
@@ -63,7 +71,7 @@ DENSE_MAX_LEN = _env_length("FAIRSEQ_DNAS_DENSE_MAX_LEN", 160)
 class Choice:
     """What a call runs: ``path`` is 'materialized', 'dense', 'flash',
     'blockwise' or 'triton'; with 'triton', ``kernels`` names the kernel set
-    ('short' or 'flash') and ``forced`` says the path was asked for by name
+    ('short' or 'long') and ``forced`` says the path was asked for by name
     (then never checked, never a fallback: failures are errors)."""
 
     path: str
@@ -114,7 +122,7 @@ def short_mode() -> str:
     value = os.environ.get(SHORT_ENV, "auto") or "auto"
     if value not in SHORT_MODES:
         raise ValueError(f"${SHORT_ENV}={value!r} is not allowed; choose one of {', '.join(SHORT_MODES)} "
-                         "(auto: the one-tile kernels for inputs up to SHORT_MAX; 0: never, the flash kernels "
+                         "(auto: the one-tile kernels for inputs up to SHORT_MAX; 0: never, the long kernels "
                          "at every length)")
     return value
 
@@ -126,26 +134,39 @@ def short_max(head_dim: int, dtype: torch.dtype, scheme: str = "dnas") -> int:
 
 def kernel_set(sinkhorn_iters: int, tq: int, tk: int, head_dim: int, dtype: torch.dtype, scheme: str) -> str:
     """'short' where both lengths are at most ``short_max`` and one Sinkhorn
-    round runs (unless ``FAIRSEQ_DNAS_TRITON_SHORT=0``), else 'flash'."""
+    round runs (unless ``FAIRSEQ_DNAS_TRITON_SHORT=0``), else 'long'."""
     if short_mode() == "auto" and sinkhorn_iters == 1 and max(tq, tk) <= short_max(head_dim, dtype, scheme):
         return "short"
-    return "flash"
+    return "long"
 
 
 def kernel_sets(sinkhorn_iters: int, head_dim: int, dtype: torch.dtype, scheme: str) -> Tuple[str, ...]:
     """Every kernel set a call of this configuration may run, shortest inputs
     first (what ``python -m fairseq_dnas.check`` checks)."""
     short = kernel_set(sinkhorn_iters, 1, 1, head_dim, dtype, scheme) == "short"
-    return ("short", "flash") if short else ("flash",)
+    return ("short", "long") if short else ("long",)
+
+
+def check_kernel_set(kernels: str) -> str:
+    """``kernels`` if it names a kernel set, else ValueError (a former name:
+    saying the new one)."""
+    if kernels in KERNEL_SETS:
+        return kernels
+    if kernels in RENAMED_KERNEL_SETS:
+        raise ValueError(f"the Triton kernel set {kernels!r} is now called {RENAMED_KERNEL_SETS[kernels]!r} "
+                         f"(attention/triton/{RENAMED_KERNEL_SETS[kernels]}.py); use that name")
+    raise ValueError(f"unknown Triton kernel set {kernels!r}; choose one of {', '.join(KERNEL_SETS)}")
 
 
 def attention_function(kernels: str) -> Callable[..., Tensor]:
-    """``triton_attention`` of the kernel set ``kernels`` (imports triton);
-    every set takes the same arguments and draws the same dropout mask."""
-    if kernels not in KERNEL_SETS:
-        raise ValueError(f"unknown Triton kernel set {kernels!r}; choose one of {', '.join(KERNEL_SETS)}")
-    name = f"fairseq_dnas.attention.triton.{kernels}"
-    module = sys.modules.get(name) or importlib.import_module(name)  # once imported, a dict lookup a call
+    """``triton_attention`` of the kernel set ``kernels`` (imports triton,
+    hence the imports here); every set takes the same arguments and draws
+    the same dropout mask. Read from the module at each call, so that a
+    test's monkeypatch of ``<set>.triton_attention`` is what runs."""
+    if check_kernel_set(kernels) == "short":
+        from fairseq_dnas.attention.triton import short as module
+    else:
+        from fairseq_dnas.attention.triton import long as module
     return module.triton_attention
 
 

@@ -3,14 +3,15 @@
 The ``triton`` path is ``auto``'s choice for every CUDA tensor, so a kernel
 that miscompiles on some GPU or Triton version would silently train a wrong
 model. ``kernels.attend`` therefore asks ``triton_usable`` before it runs the
-kernels on the ``auto`` path. The first time a configuration (``Config``:
+kernels on the ``auto`` path (the ``Config`` and the kernel function come
+from the call's ``dispatch.Decision``). The first time a configuration (``Config``:
 device, dtype, head size, scheme, dropout on/off, Sinkhorn iterations,
 padding on/off, TF32 for float32, the kernel set ``selection.choose``
 picked: everything that selects a different compiled kernel) runs in a
 process, ``compare`` runs the kernels it is handed and the
 materialized float64 math of ``functional.py`` (an independent computation:
 plain torch, no Triton) on a small fixed input, forward and gradients; with
-dropout both sides use the kernels' own mask (``triton.common.dropout_mask``),
+dropout both sides use the kernels' own mask (``triton.dropout.dropout_mask``),
 so the check also proves that the mask the kernels apply is the one they
 publish. If the kernels raise (cannot compile or launch) or disagree beyond
 ``tolerances``, one ``TritonFallbackWarning`` names the configuration and the
@@ -69,7 +70,10 @@ class Config:
     sinkhorn_iters: int
     padding: bool
     tf32: bool = False  # float32 products on TF32 tensor cores (torch's allow_tf32)
-    kernels: str = "flash"  # which Triton kernel set (selection.KERNEL_SETS): short or flash
+    kernels: str = "long"  # which Triton kernel set (selection.KERNEL_SETS): short or long
+
+    def __post_init__(self):
+        selection.check_kernel_set(self.kernels)  # a former name ('flash') is an error saying the new one
 
     def describe(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
@@ -81,7 +85,7 @@ class Config:
 
 
 def config_of(q: Tensor, scheme: str, *, padding: bool, dropout: bool, sinkhorn_iters: int,
-              kernels: str = "flash") -> Config:
+              kernels: str = "long") -> Config:
     """The configuration of a call with scaled queries ``q`` (B, H, T, D);
     ``kernels`` is the kernel set ``selection.choose`` picked."""
     tf32 = q.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
@@ -194,7 +198,7 @@ def compare(config: Config, attention: Callable[..., Tensor], *, batch: int, hea
     p = DROPOUT_P if config.dropout else 0.0
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         try:
-            from fairseq_dnas.attention.triton import common  # imports triton
+            from fairseq_dnas.attention.triton import dropout as triton_dropout  # imports triton
 
             q, k, v = (x.to(device, config.dtype).requires_grad_() for x in (q64, k64, v64))
             u = None if u64 is None else u64.to(device, torch.float32).requires_grad_()
@@ -205,7 +209,7 @@ def compare(config: Config, attention: Callable[..., Tensor], *, batch: int, hea
             inputs = (q, k, v) if u is None else (q, k, v, u)
             grad = grad64.to(device, config.dtype)
             grads = torch.autograd.grad(out, inputs, grad)
-            keep = common.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
+            keep = triton_dropout.dropout_mask(seed, tuple(q.shape[:3]) + (k.shape[2],), p) if p > 0 else None
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 (any failure to compile or launch; see the docstring)

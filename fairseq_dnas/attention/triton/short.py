@@ -9,11 +9,11 @@ pass: 3 matmuls forward (FlashAttention-2's 2, plus K Q^T for the column
 normalizer; HNAS's mixture is formed before its one product with V) and
 FlashAttention-2's 5 backward. ``selection.py`` (the one place that
 chooses) sends short calls here (``SHORT_MAX``; ``FAIRSEQ_DNAS_TRITON_SHORT=0``
-never); longer inputs and Sinkhorn iterations > 1 run ``flash.py``.
+never); longer inputs and Sinkhorn iterations > 1 run ``long.py``.
 
 Same function, interface (``triton_attention``) and dropout mask
-(``common._dropout_bytes``: a function of (seed, batch * head, i, j // 16)
-only) as ``flash.py``. Notation as ``flash.py``: s = q_i . k_j (q scaled),
+(``dropout.dropout_bytes``: a function of (seed, batch * head, i, j // 16)
+only) as ``long.py``. Notation as ``long.py``: s = q_i . k_j (q scaled),
 everything in the exp2 domain (s2 = s log2 e, scaled once after the matmul;
 c2, r2 in log2 units). Equations with their derivation: ``docs/math.md``
 (the one-tile kernels).
@@ -44,10 +44,10 @@ Five matmuls (S, dO V^T, dq, dk, dv). mu is the mean real query of the head
 arithmetic and keeps the products, rounded to the input dtype, from
 carrying the mean query (a q_proj bias); HNAS's UNAS part does not sum to
 0, so its column sum times mu is added back in float32 (as
-``flash._backward_kv_kernel``).
+``long._backward_kv_kernel``).
 
 Launches: the forward and the backward kernel, plus the seed draw with
-dropout (``common.new_seed``) and, for HNAS, the sum of dL/du over the
+dropout (``dropout.new_seed``) and, for HNAS, the sum of dL/du over the
 batch (``torch.sum`` of a (B, H) float32 tensor: deterministic, no atomics;
 one launch cannot order its programs, so the programs of a head cannot add
 up their shares in a fixed order within it). No atomics anywhere: bitwise
@@ -66,10 +66,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fairseq_dnas.attention.triton.common import (
-    INTERPRETED, LOG2E, _block_d, _dropout_bytes, _dropout_setup, _dropped, _load_tile, _offsets, _output_buffer,
-    _pad_arg, _precision, _program, _real, _store_tile, _strides, call_facts, grid, needs_int64, on_device,
-    next_power_of_2, prepare_call, tile_case)
+from fairseq_dnas.attention.triton.call import call_facts, output_buffer, prepare_call
+from fairseq_dnas.attention.triton.dropout import dropout_bytes, dropout_setup, dropped
+from fairseq_dnas.attention.triton.launch import (block_d, grid, load_tile, needs_int64, next_power_of_2, offsets,
+                                                  on_device, pad_arg, precision, program, real, store_tile, strides)
+from fairseq_dnas.attention.triton.tiles import INTERPRETED, tile_case
+
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e): the one-tile kernels' exp2 domain
 
 BLOCK_MAX = 128  # the largest tile: a 128 x 128 float32 score block a CTA
 # Warps per CTA by (input kind, head size class) and tile side (32: 16 and
@@ -142,12 +145,12 @@ def _head_tiles(Q, K, V, sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, s
                 PRECISION: tl.constexpr, INT64: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
     """(batch * head, batch, head, position offsets, head-dimension offsets, q, k, v,
     S2 = Q K^T log2 e) of this program's head: rows past T_q / T_k read 0."""
-    _, bh, b, h = _program(1, H, 1, INT64)  # one program per batch * head
-    offs = _offsets(0, BLOCK, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs, offs_d, sq_t, sq_d, offs < TQ, D)
-    k = _load_tile(K + b * sk_b + h * sk_h, offs, offs_d, sk_t, sk_d, offs < TK, D)
-    v = _load_tile(V + b * sv_b + h * sv_h, offs, offs_d, sv_t, sv_d, offs < TK, D)
+    _, bh, b, h = program(1, H, 1, INT64)  # one program per batch * head
+    offs = offsets(0, BLOCK, INT64)
+    offs_d = offsets(0, BLOCK_D, INT64)
+    q = load_tile(Q + b * sq_b + h * sq_h, offs, offs_d, sq_t, sq_d, offs < TQ, D)
+    k = load_tile(K + b * sk_b + h * sk_h, offs, offs_d, sk_t, sk_d, offs < TK, D)
+    v = load_tile(V + b * sv_b + h * sv_h, offs, offs_d, sv_t, sv_d, offs < TK, D)
     s2 = tl.dot(q, tl.trans(k), input_precision=PRECISION) * LOG2E  # (queries, keys), log2 units
     return bh, b, h, offs, offs_d, q, k, v, s2
 
@@ -169,8 +172,8 @@ def _short_forward_kernel(
     bh, b, h, offs, offs_d, q, k, v, s2 = _head_tiles(
         Q, K, V, sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H, TQ, TK, D,
         PRECISION, INT64, BLOCK, BLOCK_D)
-    real_q = _real(QPAD, b, offs, TQ, HAS_PAD)
-    real_k = _real(KPAD, b, offs, TK, HAS_PAD)
+    real_q = real(QPAD, b, offs, TQ, HAS_PAD)
+    real_k = real(KPAD, b, offs, TK, HAS_PAD)
     c2 = _column_lse2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E, real_q, real_k)  # step 4
     p, r2 = _row_softmax2(s2 - c2[None, :], real_q)  # pi_D: c2 = inf zeroes padded keys
     if HYBRID:  # UNAS (step 3): the row softmax of the same scores over the keys DNAS keeps
@@ -178,16 +181,16 @@ def _short_forward_kernel(
         u = tl.load(U + h)
         p = u * p + (1.0 - u) * p_u  # step 5 (Eq. 12), before the product: one matmul with V
         tl.store(RU2 + bh * TQ + offs, ru2, mask=offs < TQ)
-    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
+    seed, scale, t_pair = dropout_setup(SEED, drop_threshold, DROPOUT)
     p = p.to(v.dtype)
     if DROPOUT:  # the common mask for (seed, bh, i, j), on the rounded probabilities
-        p = _dropped(p, _dropout_bytes(seed, bh, offs, 0, TK, BLOCK), t_pair)
+        p = dropped(p, dropout_bytes(seed, bh, offs, 0, TK, BLOCK), t_pair)
     out = tl.dot(p, v, input_precision=PRECISION)
     if DROPOUT:
         out *= scale  # 1 / (1 - p_eff); 0 for p = 1
     tl.store(C2 + bh * TK + offs, c2, mask=offs < TK)
     tl.store(R2 + bh * TQ + offs, r2, mask=offs < TQ)
-    _store_tile(OUT + b * so_b + h * so_h, out.to(OUT.dtype.element_ty), offs, offs_d, so_t, so_d, TQ, D)
+    store_tile(OUT + b * so_b + h * so_h, out.to(OUT.dtype.element_ty), offs, offs_d, so_t, so_d, TQ, D)
 
 
 @triton.jit
@@ -208,7 +211,7 @@ def _short_backward_kernel(
     c2 = tl.load(C2 + bh * TK + offs, mask=offs < TK, other=float("inf"))
     r2 = tl.load(R2 + bh * TQ + offs, mask=offs < TQ, other=float("inf"))
     real_q = r2 < float("inf")
-    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs, offs_d, sdo_t, sdo_d, real_q, D)
+    do = load_tile(DO + b * sdo_b + h * sdo_h, offs, offs_d, sdo_t, sdo_d, real_q, D)
     u = 1.0
     if HYBRID:
         u = tl.load(U + h)
@@ -216,7 +219,7 @@ def _short_backward_kernel(
     # The order keeps few (BLOCK, BLOCK) float32 tiles alive at once (64 registers each at 8 warps):
     # s2 dies into the probabilities; dv is finished before G exists; t and t_U are never held
     # (their sums are taken as they are formed) and ds replaces pi_D, pi_U and G element by element.
-    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
+    seed, scale, t_pair = dropout_setup(SEED, drop_threshold, DROPOUT)
     p_d = tl.exp2(s2 - c2[None, :] - r2[:, None])  # 0 at padded keys (c2 = inf) and queries (r2 = inf)
     if HYBRID:
         ru2 = tl.load(RU2 + bh * TQ + offs, mask=offs < TQ, other=float("inf"))
@@ -225,15 +228,15 @@ def _short_backward_kernel(
     else:
         p = p_d.to(do.dtype)
     if DROPOUT:
-        byte = _dropout_bytes(seed, bh, offs, 0, TK, BLOCK)
-        p = _dropped(p, byte, t_pair)
+        byte = dropout_bytes(seed, bh, offs, 0, TK, BLOCK)
+        p = dropped(p, byte, t_pair)
     dv = tl.dot(tl.trans(p), do, input_precision=PRECISION)  # (keys, D)
     if DROPOUT:
         dv *= scale
-    _store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs, offs_d, sdv_t, sdv_d, TK, D)
+    store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs, offs_d, sdv_t, sdv_d, TK, D)
     g = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dO_i . v_j
     if DROPOUT:
-        g = _dropped(g, byte, t_pair)
+        g = dropped(g, byte, t_pair)
     g_d = (u * scale) * g  # dL/dpi_D
     o_d = tl.sum(p_d * g, 1)  # dO_i . O_D,i / scale (dropout in G), a row sum of the tile
     e_d = (u * scale) * o_d  # E_D[i] = u dO_i . O_D,i
@@ -251,7 +254,7 @@ def _short_backward_kernel(
     else:
         ds = p_d * (g_d - e_d[:, None] + xi_row[:, None] * dc[None, :])  # t + xi dc
     dq = tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs, offs_d, sdq_t, sdq_d, TQ, D)
+    store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs, offs_d, sdq_t, sdq_d, TQ, D)
     # dk over q - mu, mu the mean real query: the DNAS part of ds sums to 0 over i
     count = tl.maximum(tl.sum(real_q.to(tl.float32), 0), 1.0)
     mu = tl.sum(tl.where(real_q[:, None], q.to(tl.float32), 0.0), 0) / count
@@ -259,7 +262,7 @@ def _short_backward_kernel(
     dk = tl.dot(tl.trans(ds.to(q.dtype)), qc, input_precision=PRECISION)
     if HYBRID:
         dk += tu[:, None] * mu[None, :]
-    _store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs, offs_d, sdk_t, sdk_d, TK, D)
+    store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs, offs_d, sdk_t, sdk_d, TK, D)
 
 
 # --------------------------------------------------------------------------
@@ -271,7 +274,7 @@ def _check_short(tq: int, tk: int) -> int:
     block = block_size(tq, tk)
     if block > BLOCK_MAX:
         raise ValueError(f"the one-tile kernels take T_q, T_k <= {BLOCK_MAX} (got {tq}, {tk}); "
-                         "longer inputs run flash.py (selection.py chooses)")
+                         "longer inputs run long.py (selection.py chooses)")
     return block
 
 
@@ -283,13 +286,13 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     c2 = torch.empty((bsz, heads, tk), **f32)
     r2 = torch.empty((bsz, heads, tq), **f32)
     ru2 = torch.empty((bsz, heads, tq), **f32) if hybrid else r2
-    out = _output_buffer(q, v.dtype)
+    out = output_buffer(q, v.dtype)
     with on_device(q):
         _short_forward_kernel[grid(1, 1, bsz, heads)](
-            q, k, v, u if hybrid else c2, seed if dropout else c2, out, c2, r2, ru2, _pad_arg(qpad, q),
-            _pad_arg(kpad, q), *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, tq, tk, d, threshold,
-            HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, PRECISION=_precision(q.dtype),
-            INT64=needs_int64(q, k, v, out), BLOCK=block, BLOCK_D=_block_d(d),
+            q, k, v, u if hybrid else c2, seed if dropout else c2, out, c2, r2, ru2, pad_arg(qpad, q),
+            pad_arg(kpad, q), *strides(q), *strides(k), *strides(v), *strides(out), heads, tq, tk, d, threshold,
+            HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, PRECISION=precision(q.dtype),
+            INT64=needs_int64(q, k, v, out), BLOCK=block, BLOCK_D=block_d(d),
             num_warps=_warps("forward", d, q.dtype, block), num_stages=1,
         )
     return out, c2, r2, ru2
@@ -304,10 +307,10 @@ def _backward(do, q, k, v, u, p_drop, seed, c2, r2, ru2):
     with on_device(q):
         _short_backward_kernel[grid(1, 1, bsz, heads)](
             q, k, v, u if hybrid else c2, seed if dropout else c2, do, c2, r2, ru2, dq, dk, dv, du_part,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *_strides(dk), *_strides(dv),
+            *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq), *strides(dk), *strides(dv),
             heads, tq, tk, d, threshold,
-            HYBRID=hybrid, DROPOUT=dropout, PRECISION=_precision(q.dtype),
-            INT64=needs_int64(q, k, v, do, dq, dk, dv), BLOCK=block, BLOCK_D=_block_d(d),
+            HYBRID=hybrid, DROPOUT=dropout, PRECISION=precision(q.dtype),
+            INT64=needs_int64(q, k, v, do, dq, dk, dv), BLOCK=block, BLOCK_D=block_d(d),
             num_warps=_warps("backward", d, q.dtype, block), num_stages=1,
         )
     # dL/du: the batch's shares added in a fixed order (torch's reduction; no atomics)
@@ -317,7 +320,7 @@ def _backward(do, q, k, v, u, p_drop, seed, c2, r2, ru2):
 class TritonShortAttention(torch.autograd.Function):
     """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D), T_q, T_k <= 128:
     DNAS, or HNAS when u (H,) is given; padded query rows give 0. The
-    interface of ``flash.TritonAttention`` with one Sinkhorn round."""
+    interface of ``long.TritonLongAttention`` with one Sinkhorn round."""
 
     @staticmethod
     def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
@@ -348,13 +351,13 @@ def triton_attention(
     seed: Optional[Tensor] = None,
     sinkhorn_iters: int = 1,
 ) -> Tensor:
-    """``flash.triton_attention`` (the same keyword arguments and result, the
+    """``long.triton_attention`` (the same keyword arguments and result, the
     same dropout mask for the same seed) on the one-tile kernels: T_q, T_k
     <= ``BLOCK_MAX`` and one Sinkhorn round (else ValueError; ``selection.py``
     sends nothing else here). No seed tensor without dropout."""
     _check_short(q.shape[2], k.shape[2])
     if sinkhorn_iters != 1:
         raise ValueError(f"the one-tile kernels run one normalization round (got sinkhorn_iters={sinkhorn_iters}); "
-                         "more rounds run flash.py")
+                         "more rounds run long.py")
     kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
     return TritonShortAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed)

@@ -9,12 +9,12 @@ of bias vectors. With b_0 = 0 and s[i, j] = q_i . k_j,
     b_k[i] = logsumexp over real j of (s[i, j] - a_k[j])         (rows over keys)
 
 for k = 1 .. n, and pi_D = exp(s - a_n - b_n) = softmax_j(s - a_n): the
-forward kernel of ``flash.py`` with the key bias a_n (its row lse is
+forward kernel of ``long.py`` with the key bias a_n (its row lse is
 b_n). Every normalizer is a row log-sum-exp of K Q^T or Q K^T with a bias,
-``common.lse_pass``: 2n - 1 passes of one matmul per block pair, and
+``column.lse_pass``: 2n - 1 passes of one matmul per block pair, and
 O(n T) memory for the stacks a (n, B, H, T_k) and b (n - 1, B, H, T_q).
 
-Backward. ``flash.py``'s kernels, given the row bias b_{n-1} of
+Backward. ``long.py``'s kernels, given the row bias b_{n-1} of
 xi_n = exp(s - b_{n-1} - a_n), treat the final row softmax and the last
 column step: they return g_a_n = dL/da_n (their ``dc``) and put
 P (G - E) + xi_n g_a_n into dq and dk. What remains is the chain through
@@ -45,23 +45,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fairseq_dnas.attention.triton.common import (
-    _block_d,
-    _load_tile,
-    _offsets,
-    _precision,
-    _program,
-    _real,
-    _store_tile,
-    _strides,
-    _tiles,
-    grid,
-    lse_pass,
-    needs_int64,
-    on_device,
-)
+from fairseq_dnas.attention.triton.column import lse_pass
+from fairseq_dnas.attention.triton.launch import (block_d, grid, load_tile, needs_int64, offsets, on_device, precision,
+                                                  program, real, store_tile, strides)
+from fairseq_dnas.attention.triton.tiles import kernel_tile
 
-# Tiles: entries of common.GPU_TILES (spill-free, untimed, like all of them).
+# Tiles: entries of tiles.GPU_TILES (spill-free, untimed, like all of them).
 REDUCE_TILES, DS_TILES = "sinkhorn_reduce", "sinkhorn_ds"
 
 
@@ -71,8 +60,8 @@ def _pair_scores(rows, real_a, B, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
     """Scores A_a . B_b of a row block against the column block offs_n (and
     that block of B), -inf at every pair with a padded side: a padded pair's
     exponent s - x - y may overflow, since its normalizers x, y exclude it."""
-    real_b = _real(PADB, b, offs_n, TB, HAS_PAD)
-    cols = _load_tile(B, offs_n, offs_d, sb_t, sb_d, offs_n < TB, D)
+    real_b = real(PADB, b, offs_n, TB, HAS_PAD)
+    cols = load_tile(B, offs_n, offs_d, sb_t, sb_d, offs_n < TB, D)
     s = tl.dot(rows, tl.trans(cols), input_precision=PRECISION)  # (M, N)
     return tl.where(real_a[:, None] & real_b[None, :], s, float("-inf")), cols
 
@@ -88,15 +77,15 @@ def _bias_gradient_kernel(
     """out[a] = -sum over real b of w[b] exp(A_a . B_b - x[a] - y[b]), for one
     block of rows a (0 at padded a): the gradient reaching the normalizer x
     through a log-sum-exp whose softmax is exp(s - x - y) (w: dL/dy)."""
-    pid, bh, b, h = _program(TA, H, BLOCK_M, INT64)
-    offs_m = _offsets(pid * BLOCK_M, BLOCK_M, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_a = _real(PADA, b, offs_m, TA, HAS_PAD)
-    rows = _load_tile(A + b * sa_b + h * sa_h, offs_m, offs_d, sa_t, sa_d, offs_m < TA, D)
+    pid, bh, b, h = program(TA, H, BLOCK_M, INT64)
+    offs_m = offsets(pid * BLOCK_M, BLOCK_M, INT64)
+    offs_d = offsets(0, BLOCK_D, INT64)
+    real_a = real(PADA, b, offs_m, TA, HAS_PAD)
+    rows = load_tile(A + b * sa_b + h * sa_h, offs_m, offs_d, sa_t, sa_d, offs_m < TA, D)
     x = tl.load(XA + bh * TA + offs_m, mask=offs_m < TA, other=0.0)
     acc = tl.zeros([BLOCK_M], tl.float32)
     for start_n in range(0, TB, BLOCK_N):
-        offs_n = _offsets(start_n, BLOCK_N, INT64)
+        offs_n = offsets(start_n, BLOCK_N, INT64)
         s, _ = _pair_scores(rows, real_a, B + b * sb_b + h * sb_h, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
                             HAS_PAD, PRECISION)
         y = tl.load(YB + bh * TB + offs_n, mask=offs_n < TB, other=0.0)
@@ -117,14 +106,14 @@ def _normalizer_ds_kernel(
         ds[a, b] = sum_{t < NT} (wa_t[a] + wb_t[b]) exp(A_a . B_b - xa_t[a] - yb_t[b])
     over real (a, b); term t's vectors lie st_a (st_b) floats after term t-1's.
     OUT (dq or dk, already holding the main kernels' part) has its own strides so_*."""
-    pid, bh, b, h = _program(TA, H, BLOCK_M, INT64)
-    offs_m = _offsets(pid * BLOCK_M, BLOCK_M, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_a = _real(PADA, b, offs_m, TA, HAS_PAD)
-    rows = _load_tile(A + b * sa_b + h * sa_h, offs_m, offs_d, sa_t, sa_d, offs_m < TA, D)
+    pid, bh, b, h = program(TA, H, BLOCK_M, INT64)
+    offs_m = offsets(pid * BLOCK_M, BLOCK_M, INT64)
+    offs_d = offsets(0, BLOCK_D, INT64)
+    real_a = real(PADA, b, offs_m, TA, HAS_PAD)
+    rows = load_tile(A + b * sa_b + h * sa_h, offs_m, offs_d, sa_t, sa_d, offs_m < TA, D)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, TB, BLOCK_N):
-        offs_n = _offsets(start_n, BLOCK_N, INT64)
+        offs_n = offsets(start_n, BLOCK_N, INT64)
         s, cols = _pair_scores(rows, real_a, B + b * sb_b + h * sb_h, b, sb_t, sb_d, offs_n, offs_d, PADB, TB, D,
                                HAS_PAD, PRECISION)
         ds = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -136,8 +125,8 @@ def _normalizer_ds_kernel(
             ds += tl.exp(s - xa[:, None] - yb[None, :]) * (wa[:, None] + wb[None, :])
         acc += tl.dot(ds.to(cols.dtype), cols, input_precision=PRECISION)
     out_base = OUT + b * so_b + h * so_h
-    total = _load_tile(out_base, offs_m, offs_d, so_t, so_d, offs_m < TA, D).to(tl.float32) + acc
-    _store_tile(out_base, total.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TA, D)
+    total = load_tile(out_base, offs_m, offs_d, so_t, so_d, offs_m < TA, D).to(tl.float32) + acc
+    store_tile(out_base, total.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TA, D)
 
 
 def normalizers(q: Tensor, k: Tensor, qpad_arg: Tensor, kpad_arg: Tensor, has_pad: bool,
@@ -159,13 +148,13 @@ def normalizers(q: Tensor, k: Tensor, qpad_arg: Tensor, kpad_arg: Tensor, has_pa
 def _bias_gradient(rows, cols, x, y, w, pad_rows, pad_cols, has_pad) -> Tensor:
     bsz, heads, t_rows, d = rows.shape
     out = torch.empty((bsz, heads, t_rows), dtype=torch.float32, device=rows.device)
-    bm, bn, warps, stages = _tiles(REDUCE_TILES, d, rows.dtype)
+    bm, bn, warps, stages = kernel_tile(REDUCE_TILES, d, rows.dtype)
     with on_device(rows):
         _bias_gradient_kernel[grid(t_rows, bm, bsz, heads)](
-            rows, cols, x, y, w, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols),
+            rows, cols, x, y, w, out, pad_rows, pad_cols, *strides(rows), *strides(cols),
             heads, t_rows, cols.shape[2], d,
-            HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), INT64=needs_int64(rows, cols),
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
+            HAS_PAD=has_pad, PRECISION=precision(rows.dtype), INT64=needs_int64(rows, cols),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d(d), num_warps=warps, num_stages=stages,
         )
     return out
 
@@ -173,13 +162,13 @@ def _bias_gradient(rows, cols, x, y, w, pad_rows, pad_cols, has_pad) -> Tensor:
 def _add_ds(rows, cols, xa, yb, wa, wb, out, pad_rows, pad_cols, has_pad) -> None:
     bsz, heads, t_rows, d = rows.shape
     stack = [torch.stack(x).contiguous() for x in (xa, yb, wa, wb)]
-    bm, bn, warps, stages = _tiles(DS_TILES, d, rows.dtype)
+    bm, bn, warps, stages = kernel_tile(DS_TILES, d, rows.dtype)
     with on_device(rows):
         _normalizer_ds_kernel[grid(t_rows, bm, bsz, heads)](
-            rows, cols, *stack, out, pad_rows, pad_cols, *_strides(rows), *_strides(cols), *_strides(out),
+            rows, cols, *stack, out, pad_rows, pad_cols, *strides(rows), *strides(cols), *strides(out),
             heads, t_rows, cols.shape[2], d, len(xa), stack[0][0].numel(), stack[1][0].numel(),
-            HAS_PAD=has_pad, PRECISION=_precision(rows.dtype), INT64=needs_int64(rows, cols, out, *stack),
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_block_d(d), num_warps=warps, num_stages=stages,
+            HAS_PAD=has_pad, PRECISION=precision(rows.dtype), INT64=needs_int64(rows, cols, out, *stack),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d(d), num_warps=warps, num_stages=stages,
         )
 
 

@@ -13,7 +13,7 @@ Notation: scaled queries q_i (i < T_q), keys k_j and values v_j (j < T_k),
 scores s[i, j] = q_i . k_j; "real" positions are those that are not padding.
 
 Forward
-    1. ``_column_lse_kernel`` (``common``; one program per key block): the DNAS column
+    1. ``_column_lse_kernel`` (``column.py``; one program per key block): the DNAS column
        normalizer over the real queries, Algorithm 1 step 4,
            c[j] = logsumexp_i s[i, j].
        One matmul (K Q^T) per (key block, query block).
@@ -26,11 +26,11 @@ Forward
        Attention dropout multiplies the final probabilities (the HNAS
        mixture, one mask for both parts) by Z[i, j] / (1 - p), Z ~ Bernoulli(1 - p)
        drawn by Philox from (seed, b H + h, i, j // 16), 16 decisions a call
-       (``common._dropout_bytes``), so that the backward replays the
+       (``dropout.dropout_bytes``), so that the backward replays the
        very same mask without storing it, whatever the tiles; p is applied
        rounded to a multiple of 1/256 (``effective_dropout_p``). The mask
        zeroes the probabilities once rounded to the dtype of v, right before
-       their product with v (``_dropped``: two half-precision values an
+       their product with v (``dropped``: two half-precision values an
        instruction), and 1 / (1 - p) scales the output once at the end.
 
 Backward (dO the upstream gradient, Z' = Z / (1 - p) or 1 without dropout,
@@ -64,13 +64,14 @@ self-attention). Padded keys get probability 0; padded queries are left out
 of c and their output rows are 0 (their dO is ignored). Scores and every
 reduction are float32 (``tl.dot`` accumulates in float32; float32 inputs are
 multiplied exactly, ``input_precision="ieee"``, unless torch's own float32
-matmuls use TF32: ``_precision``), probabilities are cast to the dtype of v
+matmuls use TF32: ``precision``), probabilities are cast to the dtype of v
 before the products with v, as fairseq does.
 
 Strides: every tensor is read and written with its own strides (inputs may
 be views of a packed projection or expanded; each gradient is a fresh buffer
-written with its strides). Grid, 64-bit offsets, tiles and the dropout mask:
-``common.py``, shared with ``short.py`` and ``sinkhorn.py``.
+written with its strides). Grid, 64-bit offsets and
+tile loads: ``launch.py``; tiles: ``tiles.py``; the dropout mask:
+``dropout.py``; all shared with ``short.py`` and ``sinkhorn.py``.
 
 Sinkhorn iterations (``sinkhorn_iters`` > 1): ``sinkhorn.py`` computes
 the earlier normalizers with the column pass above (``lse_pass``) and the
@@ -86,34 +87,13 @@ from torch import Tensor
 
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.attention.triton import sinkhorn
-from fairseq_dnas.attention.triton.common import (
-    NEG_INIT,
-    cdiv,
-    STAGES,
-    _block_d,
-    _dropout_bytes,
-    _dropout_scale,
-    _dropout_setup,
-    _dropped,
-    _load_tile,
-    _offsets,
-    _output_buffer,
-    _pad_arg,
-    _precision,
-    _program,
-    _real,
-    _store_tile,
-    _strides,
-    _threshold_pair,
-    _tiles,
-    call_facts,
-    dropout_threshold,
-    grid,
-    lse_pass,
-    needs_int64,
-    on_device,
-    prepare_call,
-)
+from fairseq_dnas.attention.triton.call import call_facts, output_buffer, prepare_call
+from fairseq_dnas.attention.triton.column import NEG_INIT, lse_pass
+from fairseq_dnas.attention.triton.dropout import (dropout_bytes, dropout_scale, dropout_setup, dropout_threshold,
+                                                   dropped, threshold_pair)
+from fairseq_dnas.attention.triton.launch import (block_d, cdiv, grid, load_tile, needs_int64, offsets, on_device,
+                                                  pad_arg, precision, program, real, store_tile, strides)
+from fairseq_dnas.attention.triton.tiles import STAGES, kernel_tile
 
 
 # --------------------------------------------------------------------------
@@ -141,8 +121,8 @@ def _online_accumulate(l, acc, p, alpha, v, byte, t_pair, DROPOUT: tl.constexpr,
     and alpha = exp(m - m_new): l alpha + sum_j p, acc alpha + (Z p) V."""
     l = l * alpha + tl.sum(p, 1)
     p = p.to(v.dtype)
-    if DROPOUT:  # on the rounded p, where a pair of keys is one 32-bit register (_dropped)
-        p = _dropped(p, byte, t_pair)
+    if DROPOUT:  # on the rounded p, where a pair of keys is one 32-bit register (dropped)
+        p = dropped(p, byte, t_pair)
     acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
     return l, acc
 
@@ -154,14 +134,14 @@ def _forward_tile(q, K, V, C, b, h, bh, offs_m, start_n, offs_d, sk_b, sk_h, sk_
     """What the forward reads and computes first for one key block: v, c
     (+inf at padded keys and past T_k: s - c = -inf, weight 0), the scores
     s = Q K^T and the dropout bytes (0 without)."""
-    offs_n = _offsets(start_n, BLOCK_N, INT64)
-    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+    offs_n = offsets(start_n, BLOCK_N, INT64)
+    k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    v = load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
     c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
     byte = 0
     if DROPOUT:
-        byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
+        byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
     return v, c, s, byte
 
 
@@ -180,16 +160,16 @@ def _forward_kernel(
     ``_column_lse_kernel``): no mask is loaded in the loop. Rows with no
     weight (padded queries, no real key) get r = +inf, which zeroes their
     probabilities in the backward kernels without a mask either."""
-    pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
-    offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
+    offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
+    offs_d = offsets(0, BLOCK_D, INT64)
+    real_q = real(QPAD, b, offs_m, TQ, HAS_PAD)
+    q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
     seed = 0
     t_pair = 0
     if DROPOUT:
         seed = tl.load(SEED)
-        t_pair = _threshold_pair(drop_threshold)
+        t_pair = threshold_pair(drop_threshold)
     m_d = tl.full([BLOCK_M], NEG_INIT, tl.float32)
     l_d = tl.zeros([BLOCK_M], tl.float32)
     acc_d = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -209,7 +189,7 @@ def _forward_kernel(
     # Rows without a real key (an all-padding sentence) have l = 0: output 0.
     ok_d = real_q & (l_d > 0)
     if DROPOUT:
-        scale = _dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
+        scale = dropout_scale(drop_threshold)  # 1 / (1 - p_eff); 0 for p = 1
     else:
         scale = 1.0
     l_d = tl.where(ok_d, l_d, 1.0)
@@ -222,11 +202,11 @@ def _forward_kernel(
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
         tl.store(RU + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log(l_u), float("inf")), mask=offs_m < TQ)
-        _store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
+        store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
     else:
         out = o_d
-    _store_tile(out_base, out.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
+    store_tile(out_base, out.to(OUT.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
 
 
 # --------------------------------------------------------------------------
@@ -243,16 +223,16 @@ def _backward_preprocess_kernel(
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """E_D[i] = u dO_i . O_D,i and E_U[i] = dO_i . out_i - E_D[i] (0 at padded rows)."""
-    pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
-    offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_q = _real(QPAD, b, offs_m, TQ, HAS_PAD)
-    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D).to(tl.float32)
-    out = _load_tile(OUT + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
+    pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
+    offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
+    offs_d = offsets(0, BLOCK_D, INT64)
+    real_q = real(QPAD, b, offs_m, TQ, HAS_PAD)
+    do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D).to(tl.float32)
+    out = load_tile(OUT + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
     delta = tl.sum(do * out, 1)  # D_i = dO_i . out_i
     if HYBRID:
         u = tl.load(U + h)
-        o_d = _load_tile(OD + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
+        o_d = load_tile(OD + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
         e_d = u * tl.sum(do * o_d, 1)
         tl.store(EU + bh * TQ + offs_m, delta - e_d, mask=offs_m < TQ)
     else:
@@ -266,12 +246,12 @@ def _key_block(K, V, C, KPAD, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, H,
     """What a key-major program holds through its loop: (block, batch * head,
     batch, head, key offsets, head-dimension offsets, real keys, k, v, c; c =
     +inf at padded keys and past T_k)."""
-    pid_n, bh, b, h = _program(TK, H, BLOCK_N, INT64)
-    offs_n = _offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
-    real_k = _real(KPAD, b, offs_n, TK, HAS_PAD)
-    k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-    v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+    pid_n, bh, b, h = program(TK, H, BLOCK_N, INT64)
+    offs_n = offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
+    offs_d = offsets(0, BLOCK_D, INT64)
+    real_k = real(KPAD, b, offs_n, TK, HAS_PAD)
+    k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+    v = load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
     c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
     return pid_n, bh, b, h, offs_n, offs_d, real_k, k, v, c
 
@@ -287,8 +267,8 @@ def _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, start_n, T
     g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
     byte = 0
     if DROPOUT:
-        byte = _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N, True)  # (N, M)
-        g = _dropped(g, byte, t_pair)
+        byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N, True)  # (N, M)
+        g = dropped(g, byte, t_pair)
     return s_t, p_d, g, byte, p_d * (u_g * g - e_d[None, :])
 
 
@@ -306,7 +286,7 @@ def _kv_mixture(RU, EU, bh, TQ, offs_m, p_d, s_t, real_k, u, scale, g, t, tu, du
         p = p_d
     p = p.to(do.dtype)
     if DROPOUT:
-        p = _dropped(p, byte, t_pair)
+        p = dropped(p, byte, t_pair)
     return t, tu, du, dv + tl.dot(p, do, input_precision=PRECISION)
 
 
@@ -357,7 +337,7 @@ def _backward_kv_kernel(
     else:
         u = 1.0
     # G = Z' (dO V^T) = scale Z (dO V^T): the scale goes into u, 1 - u and the final dv, du
-    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
+    seed, scale, t_pair = dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dk_t = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i (ds - xi dc)[i, j] (q_i - mu)
@@ -366,11 +346,11 @@ def _backward_kv_kernel(
     du = tl.zeros([BLOCK_N], tl.float32)
     tu = tl.zeros([BLOCK_N], tl.float32)  # HNAS: sum_i t_u[i, j], the UNAS part's column sum
     for start_m in range(0, TQ, BLOCK_M):
-        offs_m = _offsets(start_m, BLOCK_M, INT64)
+        offs_m = offsets(start_m, BLOCK_M, INT64)
         r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
         real_q = r_d < float("inf")  # padded queries have r_d = +inf
-        q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
-        do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+        q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
         e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         s_t, p_d, g, byte, t = _kv_tile(k, v, q, do, c, r_d, e_d, u_g, seed, t_pair, bh, offs_m, pid_n * BLOCK_N,
                                          TK, BLOCK_N, DROPOUT, PRECISION)
@@ -405,8 +385,8 @@ def _kv_store(DK, DV, DC, DU, dk, dv, dc, du, scale, b, h, bh, pid_n, offs_n, of
     if DROPOUT:
         dv *= scale
         du *= scale
-    _store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs_n, offs_d, sdk_t, sdk_d, TK, D)
-    _store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs_n, offs_d, sdv_t, sdv_d, TK, D)
+    store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs_n, offs_d, sdk_t, sdk_d, TK, D)
+    store_tile(DV + b * sdv_b + h * sdv_h, dv.to(DV.dtype.element_ty), offs_n, offs_d, sdv_t, sdv_d, TK, D)
     tl.store(DC + bh * TK + offs_n, dc, mask=offs_n < TK)
     if HYBRID:
         tl.store(DU + bh * tl.cdiv(TK, BLOCK_N) + pid_n, tl.sum(du, 0))
@@ -426,16 +406,16 @@ def _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, 
         # path, and ptxas, finding them defined between a wgmma and its wait, serializes every wgmma
         n_end = tl.maximum(TK, 1)
     for start_n in range(0, n_end, BLOCK_N):
-        offs_n = _offsets(start_n, BLOCK_N, INT64)
-        k = _load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
-        v = _load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
+        offs_n = offsets(start_n, BLOCK_N, INT64)
+        k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
+        v = load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
         c = tl.load(C + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         dc = tl.load(DC + bh * TK + offs_n, mask=offs_n < TK, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
         p_d = tl.exp(s - c[None, :] - r_d[:, None])  # 0 at padded keys (c = inf) and queries (r_d = inf)
         g = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
-            g = _dropped(g, _dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
+            g = dropped(g, dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N), t_pair)  # G / scale
         # ds = pi_D (u G - E_D) + xi dc  [+ pi_U ((1 - u) G - E_U)]
         ds = p_d * (u_g * g - e_d[:, None] + exp_r[:, None] * dc[None, :])
         if HYBRID:
@@ -475,13 +455,13 @@ def _backward_q_kernel(
 
     Padding, as in the kv kernel: c = +inf at padded keys, r = +inf at
     padded queries; no mask is loaded."""
-    pid_m, bh, b, h = _program(TQ, H, BLOCK_M, INT64)
-    offs_m = _offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
-    offs_d = _offsets(0, BLOCK_D, INT64)
+    pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
+    offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
+    offs_d = offsets(0, BLOCK_D, INT64)
     r_d = tl.load(RD + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
     real_q = r_d < float("inf")  # padded queries have r_d = +inf
-    q = _load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
-    do = _load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
+    q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+    do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_d, sdo_t, sdo_d, real_q, D)
     e_d = tl.load(ED + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
     if SINKHORN:  # xi = exp(s - b_{n-1} - c) = p_d exp(r_d - b_{n-1})
         r_x = r_d - tl.load(XB + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
@@ -497,12 +477,12 @@ def _backward_q_kernel(
         r_u = r_d
         e_u = e_d
     # G = scale Z (dO V^T): the scale goes into u and 1 - u
-    seed, scale, t_pair = _dropout_setup(SEED, drop_threshold, DROPOUT)
+    seed, scale, t_pair = dropout_setup(SEED, drop_threshold, DROPOUT)
     u_g = u * scale
     dq = _q_loop(q, do, K, V, C, DC, r_d, r_u, e_d, e_u, exp_r, u, u_g, scale, seed, t_pair, b, h, bh, offs_m,
                  offs_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d, TK, D, HYBRID, DROPOUT,
                  PRECISION, INT64, BLOCK_M, BLOCK_N, BLOCK_D)
-    _store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
+    store_tile(DQ + b * sdq_b + h * sdq_h, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sdq_t, sdq_d, TQ, D)
 
 
 # --------------------------------------------------------------------------
@@ -539,11 +519,11 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     f32 = dict(dtype=torch.float32, device=q.device)
     r_d = torch.empty((bsz, heads, tq), **f32)
     r_u = torch.empty((bsz, heads, tq), **f32) if hybrid else r_d
-    out = _output_buffer(q, v.dtype)
-    o_d = _output_buffer(q, v.dtype) if hybrid else out
-    qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
+    out = output_buffer(q, v.dtype)
+    o_d = output_buffer(q, v.dtype) if hybrid else out
+    qpad_arg, kpad_arg = pad_arg(qpad, q), pad_arg(kpad, q)
     int64 = needs_int64(q, k, v, out)
-    meta = dict(HAS_PAD=has_pad, PRECISION=_precision(q.dtype), INT64=int64, BLOCK_D=_block_d(d))
+    meta = dict(HAS_PAD=has_pad, PRECISION=precision(q.dtype), INT64=int64, BLOCK_D=block_d(d))
     if sinkhorn_iters == 1:
         pads = (kpad_arg, qpad_arg) if has_pad else (None, None)
         c = lse_pass(k, q, *pads, torch.empty((bsz, heads, tk), **f32))
@@ -551,11 +531,11 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, sinkhorn_iters):
     else:
         normalizers = sinkhorn.normalizers(q, k, qpad_arg, kpad_arg, has_pad, sinkhorn_iters)
         c = normalizers[0][-1]
-    bm, bn, warps, stages = _tiles("forward", d, q.dtype)
+    bm, bn, warps, stages = kernel_tile("forward", d, q.dtype)
     with on_device(q):
         _forward_kernel[grid(tq, bm, bsz, heads)](
             q, k, v, c, u if hybrid else c, seed, out, o_d, r_d, r_u, qpad_arg,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+            *strides(q), *strides(k), *strides(v), *strides(out),
             heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
@@ -583,33 +563,33 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
     tk = k.shape[2]
     threshold = dropout_threshold(p_drop)
     hybrid, dropout, has_pad = u is not None, threshold > 0, kpad is not None
-    kv_m, kv_n, kv_warps, kv_stages = _tiles("backward_kv", d, q.dtype)
+    kv_m, kv_n, kv_warps, kv_stages = kernel_tile("backward_kv", d, q.dtype)
     e_d, e_u, dc, du_part = backward_buffers(q, k, hybrid, kv_n)
     dq, dk, dv = _gradient_buffer(q), _gradient_buffer(k), _gradient_buffer(v)
     mu = query_mean(q, qpad)
-    qpad_arg, kpad_arg = _pad_arg(qpad, q), _pad_arg(kpad, q)
+    qpad_arg, kpad_arg = pad_arg(qpad, q), pad_arg(kpad, q)
     u_arg = u if hybrid else c
     rounds = normalizers is not None  # Sinkhorn iterations > 1
     x_b = normalizers[1][-1] if rounds else c  # b_{n-1}, the row bias of xi_n
     int64 = needs_int64(q, k, v, do, out, dq, dk, dv)
-    meta = dict(HAS_PAD=has_pad, INT64=int64, BLOCK_D=_block_d(d))
-    flags = dict(HYBRID=hybrid, DROPOUT=dropout, SINKHORN=rounds, PRECISION=_precision(q.dtype), **meta)
-    bm, _, warps, _ = _tiles("forward", d, q.dtype)
+    meta = dict(HAS_PAD=has_pad, INT64=int64, BLOCK_D=block_d(d))
+    flags = dict(HYBRID=hybrid, DROPOUT=dropout, SINKHORN=rounds, PRECISION=precision(q.dtype), **meta)
+    bm, _, warps, _ = kernel_tile("forward", d, q.dtype)
     with on_device(q):
         _backward_preprocess_kernel[grid(tq, bm, bsz, heads)](
-            out, o_d, do, u_arg, e_d, e_u, qpad_arg, *_strides(out), *_strides(do), heads, tq, d,
+            out, o_d, do, u_arg, e_d, e_u, qpad_arg, *strides(out), *strides(do), heads, tq, d,
             HYBRID=hybrid, BLOCK_M=bm, num_warps=warps, num_stages=STAGES, **meta,  # no loop to pipeline
         )
         _backward_kv_kernel[grid(tk, kv_n, bsz, heads)](
             q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, mu, dk, dv, dc, du_part, kpad_arg,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+            *strides(q), *strides(k), *strides(v), *strides(do), *strides(dk), *strides(dv),
             heads, tq, tk, d, threshold,
             BLOCK_M=kv_m, BLOCK_N=kv_n, num_warps=kv_warps, num_stages=kv_stages, **flags,
         )
-        bm, bn, warps, stages = _tiles("backward_q", d, q.dtype)
+        bm, bn, warps, stages = kernel_tile("backward_q", d, q.dtype)
         _backward_q_kernel[grid(tq, bm, bsz, heads)](
             q, k, v, c, x_b, u_arg, seed, do, r_d, r_u, e_d, e_u, dc, dq,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+            *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq),
             bsz, heads, tq, tk, d, threshold,
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
             **{key: value for key, value in flags.items() if key != "HAS_PAD"},  # padding comes with c and r
@@ -621,7 +601,7 @@ def _backward(do, q, k, v, u, kpad, qpad, p_drop, seed, out, o_d, c, r_d, r_u, n
     return dq, dk, dv, du
 
 
-class TritonAttention(torch.autograd.Function):
+class TritonLongAttention(torch.autograd.Function):
     """pi V for scaled q (B, H, T_q, D), k and v (B, H, T_k, D); pi is DNAS
     (``sinkhorn_iters`` rounds), or HNAS when u (H,) is given; padded query
     rows give 0."""
@@ -665,8 +645,8 @@ def triton_attention(
     (B, T) bool, True at padding; for self-attention pass the same tensor
     twice. ``dropout_p`` in [0, 1] drops the final probabilities with the
     Philox stream of ``seed`` (an int64 tensor of one element on q's device;
-    drawn with ``common.new_seed`` when None), at the rate
-    ``common.effective_dropout_p`` (p rounded to a multiple of 1/256); p = 1
+    drawn with ``dropout.new_seed`` when None), at the rate
+    ``dropout.effective_dropout_p`` (p rounded to a multiple of 1/256); p = 1
     gives zeros. ``sinkhorn_iters`` > 1 repeats the (column, row)
     normalization of DNAS (``sinkhorn.py``).
     """
@@ -674,4 +654,4 @@ def triton_attention(
     kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
     if seed is None:
         seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
-    return TritonAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed, sinkhorn_iters)
+    return TritonLongAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed, sinkhorn_iters)
