@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Both Multi30k tables, trained to a stopping rule, in one command on one GPU.
 
-    python examples/gpu_multi30k.py prepare --size gpu     # on CPU, beforehand (about 2 minutes)
-    python examples/gpu_multi30k.py run --size gpu [--dry-run] [--report DIR]
-    python examples/gpu_multi30k.py table --size gpu [--report DIR]
-    python examples/gpu_multi30k.py run --size tiny        # the same code path on CPU, a few minutes
+    python examples/translation/gpu_multi30k.py prepare --size gpu     # on CPU, beforehand (about 2 minutes)
+    python examples/translation/gpu_multi30k.py run --size gpu [--dry-run] [--report DIR]
+    python examples/translation/gpu_multi30k.py table --size gpu [--report DIR]
+    python examples/translation/gpu_multi30k.py run --size tiny        # the same code path on CPU, a few minutes
 
 Two tables, every model with the same recipe (examples/translation/train.sh
 and generate.sh, one run per architecture and seed):
@@ -51,8 +51,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(EXAMPLES)
 NAME = "gpu_multi30k"
 CARRY_LIMIT = 64 * 2**20  # what the lent GPU machine's `carry` takes in all
 TEST_SETS = (("test", "test2016"), ("test1", "test2017"))  # fairseq's subset name, the file name
@@ -105,8 +105,8 @@ SIZES = {
     # the whole code path in minutes (30 updates: enough for the models to
     # end sentences, so that beam search stops early).
     "tiny": Size(model="mini", seeds=(1,), max_train_pairs=600, max_valid_pairs=20, max_test_pairs=12,
-                 vocab=400, conll_sentences=200, batch_tokens=1024, lr=3e-3, warmup=10, dropout=0.1,
-                 max_update=30, validate=5, validate_after=20, patience=1, faith_examples=4, probe_words=800,
+                 vocab=1000, conll_sentences=200, batch_tokens=1024, lr=3e-3, warmup=20, dropout=0.1,
+                 max_update=80, validate=20, validate_after=60, patience=1, faith_examples=4, probe_words=800,
                  device="cpu", jobs=2, threads=1, budget_s=900, reserve_s=120, min_start_s=10),
 }
 
@@ -167,7 +167,7 @@ def prepare(args, size):
         env = dict(os.environ, SRC=src, TGT=tgt, VOCAB_SIZE=str(size.vocab),
                    MAX_TRAIN_PAIRS=str(size.max_train_pairs), MAX_VALID_PAIRS=str(size.max_valid_pairs),
                    MAX_TEST_PAIRS=str(size.max_test_pairs))
-        if subprocess.call(["bash", os.path.join(HERE, "translation", "prepare.sh"), out], env=env) != 0:
+        if subprocess.call(["bash", os.path.join(EXAMPLES, "translation", "prepare.sh"), out], env=env) != 0:
             raise Fail(f"examples/translation/prepare.sh failed for {pair} (its message is above)")
         # The training text and pieces are in bin/ now; the GPU command reads bin/, the test
         # sets' pieces and references, and the SentencePiece model: the rest is not carried.
@@ -218,7 +218,7 @@ def check_data(args):
     root = data_root(args)
     size_file = os.path.join(root, "size.txt")
     if not os.path.isfile(size_file):
-        raise Fail(f"no prepared data in {root}: run 'python examples/gpu_multi30k.py prepare --size {args.size}' "
+        raise Fail(f"no prepared data in {root}: run 'python examples/translation/gpu_multi30k.py prepare --size {args.size}' "
                    f"first (on CPU), and carry that folder")
     prepared = open(size_file).read().strip()
     if prepared != args.size:
@@ -303,7 +303,7 @@ def plan(args, size):
                                  SAVE_DIR=folder, NPROC="1", CPU_THREADS=str(size.threads))
                 # No validation during the warmup: a model that still ends every
                 # sentence at once gives fairseq no BLEU to compare (KeyError 'bleu').
-                steps = [Step("train", ["bash", os.path.join(HERE, "translation", "train.sh"),
+                steps = [Step("train", ["bash", os.path.join(EXAMPLES, "translation", "train.sh"),
                                         "--patience", str(size.patience),
                                         "--validate-after-updates", str(size.validate_after)],
                               train_env, os.path.join(folder, "done"))]
@@ -312,8 +312,8 @@ def plan(args, size):
                 for subset, label in test_sets:
                     env = dict(common, DATA=os.path.join(data, pair), CHECKPOINT=checkpoint, SUBSET=subset,
                                OUT_PREFIX=os.path.join(folder, label), LABEL=arch)
-                    steps.append(Step(f"translate {label}", ["bash", os.path.join(HERE, "translation",
-                                                                                 "generate.sh")],
+                    steps.append(Step(f"translate {label}",
+                                      ["bash", os.path.join(EXAMPLES, "translation", "generate.sh")],
                                       env, os.path.join(folder, f"{label}.bleu.json")))
                 if pair == "en-de":  # the thesis's metric, on test2016 (as table62.sh)
                     steps.append(Step("faithfulness", [
@@ -404,6 +404,16 @@ def run_all(runs, size, t0, budget_s):
     stop = threading.Event()
     pending = [r for r in runs if r.status == "not started"]
     active = []
+
+    def interrupted(signum, frame):  # Ctrl-C or a kill: stop every running step (each has its own session)
+        stop.set()
+        for r in active:
+            _stop(r)
+        say("interrupted: running steps stopped; run the same command again to resume")
+        sys.exit(130)
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     last_line = 0.0
     while pending or active:
         for r in [r for r in active if not r.thread.is_alive()]:
@@ -472,7 +482,7 @@ def stream_analysis(args, size, runs, t0, budget_s):
     for r in ok:
         if f"{r.arch}-seed" not in ",".join(pictures):
             pictures.append(f"{r.arch}-seed{r.seed}")  # the first seed that finished, per architecture
-    cmd = [os.environ.get("PYTHON", sys.executable), os.path.join(HERE, "discrete", "stream_analysis.py"),
+    cmd = [os.environ.get("PYTHON", sys.executable), os.path.join(EXAMPLES, "discrete", "stream_analysis.py"),
            "--conll", os.path.join(data, "conll2000"), "--data", os.path.join(data, "en-de", "bin"),
            "--spm", os.path.join(data, "en-de", "spm", "sentencepiece.model"), "--out", out,
            "--max-train-words", str(size.probe_words), "--threads", str(min(8, os.cpu_count() or 1)),
@@ -547,7 +557,7 @@ def write_tables(args, size, runs, meta):
     from fairseq_dnas.analysis.files import atomic_path
     from fairseq_dnas.commands.bleu_table import table as bleu_table
 
-    sys.path.insert(0, os.path.join(HERE, "discrete"))
+    sys.path.insert(0, os.path.join(EXAMPLES, "discrete"))
     import translation_table
 
     work = work_root(args)
