@@ -95,6 +95,17 @@ def test_budget_stops_launching_and_reports(tmp_path):
     assert "0 of 6 runs finished" in tables and "(no de-en run finished)" in tables
 
 
+def test_python_without_fairseq_is_one_line(tmp_path):
+    data = fake_data(tmp_path / "d", "tiny")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'fairseq: not installed'\nexit 1\n")
+    fake.chmod(0o755)
+    r = drive("run", "--size", "tiny", "--data", data, "--work", str(tmp_path / "w"), PYTHON=str(fake))
+    assert r.returncode == 1 and "lacks what the recipes need (fairseq: not installed)" in r.stderr
+    assert "device-wheels.sh" in r.stderr and r.stderr.strip().count("\n") == 0
+    assert not os.path.exists(tmp_path / "w")
+
+
 def test_models_filter_is_checked(tmp_path):
     data = fake_data(tmp_path / "d", "tiny")
     r = drive("run", "--size", "tiny", "--data", data, "--models", "de-en:transformer_discrete", "--dry-run")

@@ -37,7 +37,6 @@ and the analysis and tables use what finished.
 
 import argparse
 import json
-import logging
 import math
 import os
 import re
@@ -82,7 +81,8 @@ class Size:
     validate_after: int  # no validation before (fairseq's --validate-after-updates; see plan())
     patience: int  # validations without a better validation BLEU
     faith_examples: int
-    probe_words: int
+    probe_words: int  # CoNLL-2000 training words for the probe
+    tsne_words: int  # words in the t-SNE picture (Figure 6.2)
     device: str  # gpu | cpu
     jobs: int  # runs at once
     threads: int  # CPU threads per run
@@ -93,20 +93,23 @@ class Size:
 
 SIZES = {
     # 3 + 3 layers x 256 (train.sh's SIZE=small, 7.6M parameters), dropout
-    # 0.3, label smoothing 0.1, 8,192 target tokens an update (about 70
-    # updates an epoch on 29,000 pairs): at most 2,000 updates (about 28
-    # epochs), validation every 100, patience 5. 18 runs, 9 at once.
+    # 0.3, label smoothing 0.1, 8,192 target tokens an update (73 updates
+    # an epoch on the 29,000 pairs): at most 2,000 updates (27 epochs),
+    # validation every 100 after the warmup, patience 5. 18 runs, 9 at once.
+    # Why this budget fits 8 minutes: docs/results/2026-11-28-gpu-multi30k-plan.md.
     "gpu": Size(model="small", seeds=(1, 2, 3), max_train_pairs=0, max_valid_pairs=0, max_test_pairs=0,
                 vocab=8000, conll_sentences=0, batch_tokens=8192, lr=1.5e-3, warmup=400, dropout=0.3,
-                max_update=2000, validate=100, validate_after=400, patience=5, faith_examples=500, probe_words=60000,
-                device="gpu", jobs=9, threads=1, budget_s=450, reserve_s=90, min_start_s=120),
+                max_update=2000, validate=100, validate_after=400, patience=5, faith_examples=500,
+                probe_words=60000, tsne_words=1000,
+                device="gpu", jobs=9, threads=1, budget_s=450, reserve_s=120, min_start_s=120),
     # The CPU form: all six models, one seed, the thesis's classification
     # width (train.sh's SIZE=mini) on a slice, so that the test suite runs
-    # the whole code path in minutes (30 updates: enough for the models to
-    # end sentences, so that beam search stops early).
+    # the whole code path in minutes (80 updates: enough for the models to
+    # end sentences, so that validation has a BLEU and beam search stops early).
     "tiny": Size(model="mini", seeds=(1,), max_train_pairs=600, max_valid_pairs=20, max_test_pairs=12,
                  vocab=1000, conll_sentences=200, batch_tokens=1024, lr=3e-3, warmup=20, dropout=0.1,
-                 max_update=80, validate=20, validate_after=60, patience=1, faith_examples=4, probe_words=800,
+                 max_update=80, validate=20, validate_after=60, patience=1, faith_examples=4,
+                 probe_words=800, tsne_words=100,
                  device="cpu", jobs=2, threads=1, budget_s=900, reserve_s=120, min_start_s=10),
 }
 
@@ -189,16 +192,18 @@ def prepare(args, size):
 
 
 def check_device(size):
-    """Fails with one line unless this Python can run the size: fairseq, and for gpu CUDA and Triton."""
-    logging.disable(logging.INFO)  # fairseq's import-time notices (tensorboardX) are not this check's answer
+    """Fails with one line unless this Python can run the size: fairseq and the recipes' other
+    modules (examples/check_python.py), and for gpu CUDA and Triton."""
+    python = shutil.which(os.environ.get("PYTHON", sys.executable)) or os.environ["PYTHON"]
     try:
-        import fairseq  # noqa: F401
-        import fairseq.tasks  # noqa: F401
-    except ImportError as err:
-        raise Fail(f"fairseq is not importable ({err}): on the GPU machine install the wheels "
-                   f"(../shared/tools/device-wheels.sh, carry .whl, begin the command with its install line)")
-    finally:
-        logging.disable(logging.NOTSET)
+        check = subprocess.run([python, os.path.join(EXAMPLES, "check_python.py")], capture_output=True, text=True)
+    except OSError as err:
+        raise Fail(f"PYTHON={python} cannot run ({err.strerror}): set PYTHON to an interpreter path")
+    if check.returncode != 0:
+        raise Fail(f"{python} lacks what the recipes need ({check.stdout.strip() or check.stderr.strip()[-200:]}): "
+                   f"on the GPU machine install the wheels (../shared/tools/device-wheels.sh, carry .whl, "
+                   f"begin the command with its install line); elsewhere run scripts/install.sh")
+    os.environ["FAIRSEQ_DNAS_CHECKED_PYTHON"] = python  # every step's check_python: done once, here
     if size.device != "gpu":
         return "cpu"
     import torch
@@ -286,7 +291,7 @@ def selected(args):
 
 def plan(args, size):
     data, work = data_root(args), work_root(args)
-    base = {"PYTHON": os.environ.get("PYTHON", sys.executable), "PYTHONUNBUFFERED": "1",
+    base = {"PYTHON": shutil.which(os.environ.get("PYTHON", sys.executable)) or os.environ["PYTHON"], "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": str(size.threads), "DEVICE": size.device, "PROGRESS": "0"}
     runs = []
     for pair, archs in selected(args).items():
@@ -485,7 +490,8 @@ def stream_analysis(args, size, runs, t0, budget_s):
     cmd = [os.environ.get("PYTHON", sys.executable), os.path.join(EXAMPLES, "discrete", "stream_analysis.py"),
            "--conll", os.path.join(data, "conll2000"), "--data", os.path.join(data, "en-de", "bin"),
            "--spm", os.path.join(data, "en-de", "spm", "sentencepiece.model"), "--out", out,
-           "--max-train-words", str(size.probe_words), "--threads", str(min(8, os.cpu_count() or 1)),
+           "--max-train-words", str(size.probe_words), "--tsne-words", str(size.tsne_words),
+           "--threads", str(min(8, os.cpu_count() or 1)),
            "--pictures-of", ",".join(pictures)] + models
     say(f"stream analysis of {len(ok)} en-de encoders on CoNLL-2000 -> {out}")
     log = os.path.join(work, "en-de", "logs", "stream_analysis.log")
@@ -577,8 +583,10 @@ def write_tables(args, size, runs, meta):
         view = _ok_view(work, "en-de", runs)
         text += ["## en-de: the thesis's Table 6.2 / 6.4 form (test2016)", ""]
         text += translation_table.translation_table(view, "test2016") + [""]
-        probe = translation_table.probe_table(view)
-        text += probe + [""] if probe else [f"(no CoNLL-2000 probe: {meta.get('stream_analysis', 'not run')})", ""]
+        analysis = meta.get("stream_analysis", "not run")
+        text += [f"CoNLL-2000 probe and Figure 6.2 / Table 6.3 (stream_analysis.py): {analysis}", ""]
+        if analysis in ("ok", "done already"):  # a stopped analysis may have probed some models only
+            text += translation_table.probe_table(view) + [""]
         if os.path.isfile(os.path.join(work, "en-de", "streams", "table63.md")):
             text += ["Figure 6.2 and Table 6.3: `en-de/streams/` (tsne-embeddings.png, table63.md).", ""]
     text += ["## Every run", ""] + runs_table(figures) + [""]
@@ -611,14 +619,14 @@ def stopping_rule(size):
 def load_status(runs, work):
     """Statuses of an earlier `run` (runs.json), for `table`; a run with every output is ok."""
     path = os.path.join(work, "runs.json")
-    old = {}
-    if os.path.isfile(path):
-        old = {(f["pair"], f["arch"], f["seed"]): f for f in json.load(open(path)).get("runs", [])}
+    meta = json.load(open(path)) if os.path.isfile(path) else {}
+    old = {(f["pair"], f["arch"], f["seed"]): f for f in meta.get("runs", [])}
     for r in runs:
         f = old.get((r.pair, r.arch, r.seed), {})
         r.status, r.reason, r.wall_s = f.get("status", "not started"), f.get("reason", ""), f.get("wall_s", 0.0)
         if r.finished() and r.status != "failed":
             r.status = "ok"
+    return {k: v for k, v in meta.items() if k not in ("runs", "finished", "total")}
 
 
 def main(argv=None):
@@ -645,8 +653,8 @@ def main(argv=None):
         check_data(args)
         runs = plan(args, size)
         if args.command == "table":
-            load_status(runs, work_root(args))
-            write_tables(args, size, runs, {"size": args.size, "stopping_rule": stopping_rule(size)})
+            meta = load_status(runs, work_root(args))
+            write_tables(args, size, runs, dict(meta, size=args.size, stopping_rule=stopping_rule(size)))
             return 0
         try:
             device = check_device(size)
@@ -676,9 +684,12 @@ def main(argv=None):
         bad = [r for r in runs if r.status != "ok"]
         for r in bad:
             say(f"NOT IN THE TABLES: {r.name}: {r.status}{' (' + r.reason + ')' if r.reason else ''}")
+        analysis_ok = analysis in ("ok", "done already") or not any(r.pair == "en-de" for r in runs)
+        if not analysis_ok:
+            say(f"NOT IN THE TABLES: the probe and Figure 6.2 / Table 6.3 ({analysis})")
         say(f"{len(runs) - len(bad)}/{len(runs)} runs in the tables, {time.time() - t0:.0f} s; "
             f"tables: {work_root(args)}/tables.md, every figure: runs.json")
-        return 0 if not bad else 3
+        return 0 if not bad and analysis_ok else 3
     except Fail as err:
         print(f"[{NAME}] error: {err}", file=sys.stderr)
         return 1
