@@ -70,7 +70,8 @@ def test_gpu_size_without_gpu_is_one_line_and_dry_run_prints_every_command(tmp_p
     r = drive("run", "--size", "gpu", "--data", data, "--work", str(tmp_path / "w"))
     assert r.returncode == 1 and "no CUDA device" in r.stderr and r.stderr.strip().count("\n") == 0
 
-    r = drive("run", "--size", "gpu", "--data", data, "--work", str(tmp_path / "w"), "--dry-run")
+    r = drive("run", "--size", "gpu", "--data", data, "--work", str(tmp_path / "w"), "--dry-run",
+              PYTHONPATH="/tmp/site")  # the GPU machine's wheels: every step must keep them
     assert r.returncode == 0, r.stderr
     assert "no CUDA device" in r.stderr  # said, not hidden
     size = gpu_multi30k.SIZES["gpu"]
@@ -78,7 +79,8 @@ def test_gpu_size_without_gpu_is_one_line_and_dry_run_prints_every_command(tmp_p
     assert len(trains) == 6 * len(size.seeds) == 18
     assert all(f"MAX_UPDATE={size.max_update}" in l and "DEVICE=gpu" in l and "SIZE=small" in l for l in trains)
     assert sum(l.endswith("generate.sh") for l in r.stdout.splitlines()) == 9 * 2 + 9  # de-en: 2 test sets
-    assert r.stdout.count("translation_faithfulness") == 9
+    faith = [l for l in r.stdout.splitlines() if "translation_faithfulness" in l]
+    assert len(faith) == 9 and all(f"PYTHONPATH={ROOT}:/tmp/site " in l for l in faith)
     assert not os.path.exists(tmp_path / "w" / "de-en" / "runs")  # nothing ran
 
 

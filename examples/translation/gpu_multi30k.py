@@ -133,6 +133,11 @@ def work_root(args):
     return os.path.abspath(args.work or os.path.join(REPO, "checkpoints", "gpu-multi30k", args.size))
 
 
+def python_path():
+    """This checkout first, then what PYTHONPATH holds (on the GPU machine: the wheels in /tmp/site)."""
+    return os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+
+
 def folder_bytes(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
@@ -326,7 +331,7 @@ def plan(args, size):
                         "--data", os.path.join(data, pair, "bin"), "--subset", "test", "--beam", "5",
                         "--max-examples", str(size.faith_examples), "--labels", f"{arch}-seed{seed}",
                         "--threads", str(size.threads), "--json", os.path.join(folder, "faithfulness.jsonl")],
-                        dict(common, PYTHONPATH=REPO), os.path.join(folder, "faithfulness.json"),
+                        dict(common, PYTHONPATH=python_path()), os.path.join(folder, "faithfulness.json"),
                         stdout=os.path.join(folder, "faithfulness.json")))
                 runs.append(Run(pair, arch, seed, folder, os.path.join(work, pair, "logs", f"{arch}-seed{seed}.log"),
                                 steps))
@@ -498,7 +503,7 @@ def stream_analysis(args, size, runs, t0, budget_s):
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
+                                env=dict(os.environ, PYTHONPATH=python_path()))
         try:
             code = proc.wait(timeout=left)
         except subprocess.TimeoutExpired:
