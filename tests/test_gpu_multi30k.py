@@ -199,3 +199,27 @@ def test_tiny_form_writes_both_tables(tmp_path, multi30k_dir, conll2000_dir):
     assert "| transformer_discrete | syntactic |" in tables or "| transformer_discrete |" in tables
     assert "| 1 | 1 |" in tables and "| 2 | 1 |" in tables  # HNAS u per layer
     assert os.path.isfile(report / "table63.md")
+
+
+def _bleu_result(path, label, bleu, chrf):
+    entry = lambda s, sig: {"score": s, "signature": sig, "low": s - 1, "high": s + 1}  # noqa: E731
+    path.write_text(json.dumps({"sentences": 1000, "references": 1, "label": label,
+                                "bleu": entry(bleu, "nrefs:1|bleu"), "chrf": entry(chrf, "nrefs:1|chrf")}))
+    return str(path)
+
+
+def test_bleu_table_reads_bleu_eval_results(tmp_path):
+    """The de-en table: bleu_eval.py results grouped by label and test set, mean +- s.e. and spread."""
+    from fairseq_dnas.commands.bleu_table import table
+    from fairseq_dnas.commands.seed_table import ResultError
+
+    paths = [_bleu_result(tmp_path / f"{label}{seed}.test2016.bleu.json", label, bleu, 50.0 + seed)
+             for label, seed, bleu in (("transformer", 1, 30.0), ("transformer", 2, 32.0),
+                                       ("transformer_dnas", 1, 31.0))]
+    lines = table(paths, ("transformer", "transformer_dnas")).splitlines()
+    assert lines[2] == "| test2016 | UNAS encoder (baseline) | 2 | 31.00 ± 1.00 | 2.00 | 51.50 ± 0.50 | 1.00 |"
+    assert lines[3].startswith("| test2016 | DNAS encoder | 1 | 31.00 [30.00, 32.00] |")
+    assert lines[-1] == "sacreBLEU signatures: BLEU `nrefs:1|bleu`, chrF `nrefs:1|chrf`"
+    (tmp_path / "rouge.bleu.json").write_text(json.dumps({"sentences": 3, "stemmed": {}}))
+    with pytest.raises(ResultError, match="not a bleu_eval.py result"):
+        table([str(tmp_path / "rouge.bleu.json")])

@@ -228,7 +228,8 @@ def check_data(args):
     root = data_root(args)
     size_file = os.path.join(root, "size.txt")
     if not os.path.isfile(size_file):
-        raise Fail(f"no prepared data in {root}: run 'python examples/translation/gpu_multi30k.py prepare --size {args.size}' "
+        raise Fail(f"no prepared data in {root}: run "
+                   f"'python examples/translation/gpu_multi30k.py prepare --size {args.size}' "
                    f"first (on CPU), and carry that folder")
     prepared = open(size_file).read().strip()
     if prepared != args.size:
@@ -296,7 +297,8 @@ def selected(args):
 
 def plan(args, size):
     data, work = data_root(args), work_root(args)
-    base = {"PYTHON": shutil.which(os.environ.get("PYTHON", sys.executable)) or os.environ["PYTHON"], "PYTHONUNBUFFERED": "1",
+    python = shutil.which(os.environ.get("PYTHON", sys.executable)) or os.environ["PYTHON"]
+    base = {"PYTHON": python, "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": str(size.threads), "DEVICE": size.device, "PROGRESS": "0"}
     runs = []
     for pair, archs in selected(args).items():
