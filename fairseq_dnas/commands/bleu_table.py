@@ -19,13 +19,27 @@ import os
 import sys
 from collections import OrderedDict
 
-from fairseq_dnas.commands.seed_table import NAMES, load
+from fairseq_dnas.commands.seed_table import NAMES, ResultError, load, read_json
 from fairseq_dnas.stats import mean_se_cell
 
 
 def _test_set(path):
     name = os.path.basename(path)
     return name[: -len(".bleu.json")].rsplit(".", 1)[-1] if name.endswith(".bleu.json") else "?"
+
+
+def _read(path):
+    """A bleu_eval.py result (seed_table.load's checks of the test set apply too)."""
+    result = read_json(path)
+    try:
+        for metric in ("bleu", "chrf"):
+            if not isinstance(result[metric]["score"], (int, float)):
+                raise TypeError(metric)
+        if not isinstance(result["sentences"], int):
+            raise TypeError("sentences")
+    except (KeyError, TypeError) as err:
+        raise ResultError(f"{path}: not a bleu_eval.py result (no usable {err} entry)") from None
+    return result
 
 
 def cell(results, metric):
@@ -42,14 +56,14 @@ def table(paths, order=()):
     lines = ["| test set | system | seeds | BLEU | BLEU spread | chrF | chrF spread |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for test_set, files in by_set.items():
-        groups = load(files)
+        groups = load(files, _read)
         for label in [l for l in order if l in groups] + [l for l in groups if l not in order]:
             runs = groups[label]
             (bleu, bleu_spread), (chrf, chrf_spread) = cell(runs, "bleu"), cell(runs, "chrf")
             lines.append(f"| {test_set} | {NAMES.get(label, label)} | {len(runs)} | {bleu} | {bleu_spread} "
                          f"| {chrf} | {chrf_spread} |")
-    signature = load(paths[:1]).popitem()[1][0]["bleu"]["signature"]
-    lines += ["", f"sacreBLEU signature: BLEU `{signature}`"]
+    first = load(paths[:1], _read).popitem()[1][0]
+    lines += ["", f"sacreBLEU signatures: BLEU `{first['bleu']['signature']}`, chrF `{first['chrf']['signature']}`"]
     return "\n".join(lines)
 
 

@@ -37,14 +37,19 @@ class ResultError(ValueError):
     """A results file that cannot go into the table; str() names it."""
 
 
-def _read(path):
+def read_json(path):
+    """The JSON object in path; ResultError naming the file if it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as f:
-            result = json.load(f)
+            return json.load(f)
     except OSError as err:
         raise ResultError(f"{path}: cannot read ({err.strerror or err})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ResultError(f"{path}: not valid JSON, truncated or corrupt ({err})") from None
+
+
+def _read(path):
+    result = read_json(path)
     try:
         if not isinstance(result["sentences"], int) or result["sentences"] < 1:
             raise TypeError("sentences")
@@ -70,11 +75,12 @@ def _describe(setting):
     return f"{sentences} sentences" + (f" against {', '.join(refs)}" if refs else "")
 
 
-def load(paths):
+def load(paths, read=None):
     """label -> results. ResultError (naming the file) for a file that is not
-    a rouge_eval.py result, or that scored another test set than the others
-    (another run's results mixed in)."""
-    results = [(path, _read(path)) for path in paths]
+    a rouge_eval.py result (or what ``read`` accepts: bleu_table.py's BLEU
+    results), or that scored another test set than the others (another run's
+    results mixed in)."""
+    results = [(path, (read or _read)(path)) for path in paths]
     settings = Counter(_setting(r) for _, r in results)
     common = settings.most_common(1)[0][0]
     for path, result in results:
