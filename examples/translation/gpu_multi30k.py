@@ -565,13 +565,23 @@ def runs_table(figures):
     return lines
 
 
+def _discrete_module(name):
+    """examples/discrete/NAME.py as a module (a script folder, not a package: loaded by path,
+    leaving sys.path alone)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES, "discrete", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_tables(args, size, runs, meta):
     """WORK/tables.md (both tables, HNAS u, the runs) and WORK/runs.json; copies them to --report."""
     from fairseq_dnas.analysis.files import atomic_path
     from fairseq_dnas.commands.bleu_table import table as bleu_table
 
-    sys.path.insert(0, os.path.join(EXAMPLES, "discrete"))
-    import translation_table
+    translation_table = _discrete_module("translation_table")
 
     work = work_root(args)
     figures = [run_figures(r) for r in runs]
