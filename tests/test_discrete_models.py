@@ -13,6 +13,7 @@ from test_discrete import causal_mask, reference_sample
 
 from fairseq_dnas.analysis.capture import attention_sites, head_probs
 from fairseq_dnas.attention import discrete as DA
+from fairseq_dnas.attention import gumbel_noise as N
 from fairseq_dnas.modules.discrete_attention import DiscreteMultiheadAttention
 
 ARCH = "transformer_discrete_single"
@@ -100,7 +101,7 @@ def test_gumbel_module_matches_float64_reference(kind, hard):
     torch.manual_seed(5)
     out, w = disc(**kw, need_head_weights=True)
     torch.manual_seed(5)
-    noise = DA.gumbel_noise(w.transpose(0, 1).shape)
+    noise = N.gumbel_noise(w.transpose(0, 1).shape)
     ref, s = _reference_output(disc, kw, noise, 0.6)
     if hard:  # the forward value is the one-hot of the relaxed sample's argmax
         s = torch.nn.functional.one_hot(s.argmax(-1), s.size(-1)).double() * (s.sum(-1, keepdim=True) > 0)
@@ -146,7 +147,7 @@ def test_attention_dropout_acts_on_softmax_attention_only(need_weights):
     entries of softmax attention (S = softmax(L) with the soft sampler, the
     controller's A) and never of a Gumbel sample S. Training, same seed,
     attention dropout 0.5 against 0."""
-    from fairseq_dnas.modules.two_stream import TwoStreamAttention
+    from fairseq_dnas.modules.two_stream_attention import TwoStreamAttention
 
     def run_single(sampler, p):
         _, disc = _pair("encoder_self", sampler=sampler, dropout=p)

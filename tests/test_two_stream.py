@@ -15,7 +15,8 @@ from helpers import build_model, random_tokens, tiny_dictionary
 from test_discrete import causal_mask, reference_sample
 
 from fairseq_dnas.attention import discrete as D
-from fairseq_dnas.modules import two_stream as TS
+from fairseq_dnas.attention import gumbel_noise as N
+from fairseq_dnas.modules import two_stream_attention as TS
 
 EMBED, HEADS = 16, 4
 
@@ -76,7 +77,7 @@ def test_two_stream_attention_matches_float64_reference(sampler, case, dtype):
     amask = causal_mask(t_q, t_k) if case == "causal" else None
     shape = (3, HEADS, t_q, t_k)
     torch.manual_seed(5)
-    noise = D.gumbel_noise(shape)  # what the module draws after the same seed
+    noise = N.gumbel_noise(shape)  # what the module draws after the same seed
     x = [t.clone().to(dtype).requires_grad_() for t in (gq, gk, hk)]
     torch.manual_seed(5)
     g_out, h_out, probs, sample = m.two_stream_forward(x[0], x[1], x[2], key_padding_mask=kmask, attn_mask=amask)
@@ -307,7 +308,7 @@ def test_dnas_scheme_samples_s_from_the_dnas_distribution(training):
     gq, gk, hk = _inputs(6, 6)
     kmask = padding_mask([6, 4, 2], 6, left_pad=True)
     torch.manual_seed(5)
-    noise = D.gumbel_noise((3, HEADS, 6, 6))
+    noise = N.gumbel_noise((3, HEADS, 6, 6))
     torch.manual_seed(5)
     _, _, probs, sample = m.two_stream_forward(gq, gk, hk, key_padding_mask=kmask, query_padding_mask=kmask)
     q, k = (_heads(_linear(lin, gq)) for lin in (m.q_proj, m.k_proj))

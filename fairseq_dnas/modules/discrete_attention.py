@@ -23,6 +23,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_dnas.attention import discrete as DA
+from fairseq_dnas.attention import gumbel_schedule as GS
 from fairseq_dnas.modules.dnas_multihead_attention import fairseq_weights
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -61,7 +62,7 @@ class DiscreteMultiheadAttention(MultiheadAttention):
             raise ValueError(f"unknown discrete scheme {scheme!r}; choose one of {', '.join(DA.DISCRETE_SCHEMES)}")
         if scheme == "dnas" and not self_attention:
             raise ValueError("the DNAS distribution needs every query: self-attention only")
-        DA.check_temperature(temperature)
+        GS.check_temperature(temperature)
         super().__init__(
             embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout, bias=bias,
             self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention,
@@ -225,4 +226,3 @@ class DiscreteMultiheadAttention(MultiheadAttention):
         out = self.out_proj(out)
 
         return out, fairseq_weights(probs, need_weights, need_head_weights)
-
