@@ -575,3 +575,56 @@ def test_sample_from_probs_refuses_a_noise_of_another_shape():
     a = torch.softmax(torch.randn(2, 3), -1)
     with pytest.raises(ValueError, match="draw it in the probabilities' shape"):
         D.gumbel_softmax_from_probs(a.log(), a, torch.ones(3))
+
+
+# --- inference by index (issue 43, part 4) ----------------------------------------
+
+
+def one_hot_product(logits, v, *, need_weights):
+    """The inference output as the models computed it before the gather: the
+    one-hot matrix of the argmax times v (``argmax_attention``'s signature)."""
+    s = D.argmax_one_hot(logits)
+    return torch.matmul(s.to(v.dtype), v), (s if need_weights else None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("case", ["padded", "causal", "empty_rows", "beam"])
+def test_gather_by_index_equals_the_one_hot_product_bit_for_bit(dtype, case):
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(3, 2, 5, 6, generator=g, dtype=torch.float64)
+    v = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64).to(dtype)
+    kmask = padding_mask([6, 4, 2], 6, left_pad=True)
+    attn_mask = causal_mask(5, 6) if case == "causal" else None
+    if case == "empty_rows":
+        kmask[2] = True  # no key at all: the zero row
+    logits = D.masked_scores(scores, kmask, attn_mask)
+    if case == "beam":  # (B_kv, beam, H, T_q, T_k) queries against one copy of the values per sentence
+        logits = torch.stack([logits, logits.flip(-2)], dim=1)
+        v = v[:, None]
+    logits = logits.to(dtype)
+    out, w = D.argmax_attention(logits, v, need_weights=True)
+    want, want_w = one_hot_product(logits, v, need_weights=True)
+    assert out.dtype == v.dtype and torch.equal(out, want)
+    assert torch.equal(w, want_w)
+    if case == "empty_rows":
+        assert want_w[2].sum() == 0 and out[2].abs().sum() == 0
+    elif case != "causal":  # (with left padding, the causal mask leaves early rows of sentence 2 without a key)
+        assert bool((want_w.sum(-1) == 1).all())
+    assert D.argmax_attention(logits, v, need_weights=False)[1] is None
+
+
+def test_discrete_attention_at_inference_takes_the_argmax_by_index(monkeypatch):
+    """The (B, H, T, D) path the HF adapter runs: eval gathers V at the
+    argmax of the padded logits (a float64 computation by hand) and builds no
+    one-hot unless the weights are asked for."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    kmask = padding_mask([5, 3], 5, left_pad=False)
+    scale = 0.5
+    logits = (q * scale) @ k.transpose(-1, -2)
+    logits = logits.masked_fill(kmask[:, None, None, :], float("-inf"))
+    index = logits.argmax(-1)
+    want = torch.stack([torch.stack([v[b, h, index[b, h]] for h in range(3)]) for b in range(2)])
+    monkeypatch.setattr(D, "one_hot_rows", lambda *a, **kw: pytest.fail("one-hot built without being asked for"))
+    out, w = D.discrete_attention(q, k, v, scale=scale, training=False, key_padding_mask=kmask)
+    assert w is None and torch.equal(out, want)

@@ -9,7 +9,7 @@ import torch
 from fairseq.logging import metrics
 from fairseq.modules import MultiheadAttention
 from helpers import TINY, build_model, random_tokens, tiny_args
-from test_discrete import causal_mask, reference_sample
+from test_discrete import causal_mask, one_hot_product, reference_sample
 
 from fairseq_dnas.analysis.capture import attention_sites, head_probs
 from fairseq_dnas.attention import discrete as DA
@@ -183,6 +183,59 @@ def test_eval_weights_are_exactly_one_hot(kind):
     assert bool((w.sum(-1) == 1).all())
     if "key_padding_mask" in kw:
         assert bool((w[..., kw["key_padding_mask"][None, :, None, :].expand_as(w)] == 0).all())
+
+
+def _both_ways(run, monkeypatch):
+    """run() by index (the code), then with the one-hot product in its place."""
+    by_index = run()
+    with monkeypatch.context() as m:
+        m.setattr(DA, "argmax_attention", one_hot_product)
+        by_product = run()
+    return by_index, by_product
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eval_by_index_equals_the_one_hot_product_bit_for_bit(kind, dtype, monkeypatch):
+    """Inference gathers V at the argmax; the output and the weights are the
+    one-hot product's, bit for bit: whole calls with padding or the causal
+    mask, one step at a time with fairseq's incremental state, and the beam
+    layout of encoder-decoder attention (one copy of the keys per sentence)."""
+    _, disc = _pair(kind, sampler="gumbel")
+    disc.to(dtype).eval()
+    kw = {k: (t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t) for k, t in _inputs(kind).items()}
+
+    def run():
+        outs = [disc(**kw, need_head_weights=True), disc(**kw, need_weights=False)]
+        state = {}
+        for t in range(kw["query"].size(0) if kind != "encoder_self" else 0):  # (decoders step one query at a time)
+            x = kw["query"][t:t + 1]
+            step = dict(kw, query=x, attn_mask=None)
+            if kind == "decoder_self":
+                step.update(key=x, value=x)
+            outs.append(disc(**step, incremental_state=state, need_weights=t % 2 == 0))
+        if kind == "cross":  # beam 2: the encoder output repeated per hypothesis, projected once per sentence
+            disc.set_beam_size(2)
+            beam_kw = dict(kw, query=kw["query"].repeat_interleave(2, 1), key=kw["key"].repeat_interleave(2, 1),
+                           value=kw["value"].repeat_interleave(2, 1),
+                           key_padding_mask=kw["key_padding_mask"].repeat_interleave(2, 0))
+            outs.append(disc(**beam_kw, need_weights=True))
+            disc.set_beam_size(1)
+        return outs
+
+    by_index, by_product = _both_ways(run, monkeypatch)
+    assert len(by_index) == len(by_product)
+    for (out, w), (want, want_w) in zip(by_index, by_product):
+        assert out.dtype == dtype and torch.equal(out, want)
+        assert (w is None and want_w is None) or torch.equal(w, want_w)
+
+
+def test_eval_builds_no_one_hot_unless_asked(monkeypatch):
+    _, disc = _pair("encoder_self", sampler="gumbel")
+    disc.eval()
+    monkeypatch.setattr(DA, "one_hot_rows", lambda *a, **kw: pytest.fail("one-hot built without being asked for"))
+    out, w = disc(**_inputs("encoder_self"), need_weights=False)
+    assert w is None and bool(out.isfinite().all())
 
 
 def test_gradients_reach_every_parameter_through_the_sample():
@@ -377,6 +430,29 @@ def test_incremental_decoding_equals_full_causal_decoding():
                         incremental_state=state)[0]
     again = model.decoder(torch.cat([tgt, tgt[:, :1]], 1)[order], encoder_out=model.encoder.reorder_encoder_out(enc, order))[0]
     torch.testing.assert_close(nxt[:, -1], again[:, -1], atol=1e-5, rtol=0)
+
+
+def test_beam_search_by_index_equals_the_one_hot_product(monkeypatch):
+    """fairseq's SequenceGenerator (beam 3, incremental decoding, cache
+    reordering): the same hypotheses and scores by index as with the one-hot
+    product, bit for bit."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model = build_model(ARCH).eval()
+    d = model.encoder.dictionary
+    src = random_tokens([5, 9, 7], 9, d)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+    gen = SequenceGenerator([model], model.decoder.dictionary, beam_size=3, max_len_b=8)
+
+    def run():
+        with torch.no_grad():
+            return gen.generate([model], sample)
+
+    by_index, by_product = _both_ways(run, monkeypatch)
+    for hyps, want in zip(by_index, by_product):
+        for h, w in zip(hyps, want):
+            assert torch.equal(h["tokens"], w["tokens"]) and torch.equal(h["positional_scores"], w["positional_scores"])
+            assert torch.equal(h["attention"], w["attention"])
 
 
 def test_dnas_scheme_model_trains_and_decodes():

@@ -20,7 +20,7 @@ The noise G is drawn in ``gumbel_noise``; the temperature's check and its
 annealing schedule are in ``gumbel_schedule``.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -187,6 +187,71 @@ def argmax_one_hot(logits: Tensor) -> Tensor:
     return _one_hot_argmax(logits.detach().to(AF.compute_dtype(logits.dtype)))
 
 
+class ArgmaxChoice(NamedTuple):
+    """The key each attention row takes at inference, z_i = argmax_j L_ij."""
+
+    index: Tensor  # (..., T_q) int64; ties to the lowest index, as argmax_one_hot
+    has_key: Optional[Tensor]  # (..., T_q) bool, False where every key is -inf; None if every row has one
+
+
+def argmax_choice(logits: Tensor) -> ArgmaxChoice:
+    """z_i = argmax_j L_ij, the inference-time choice (Section 1), as indices:
+    the same choice as ``argmax_one_hot`` (argmax in the logits' own dtype
+    gives the float32 cast's argmax: the cast keeps the order), without
+    the T_q x T_k one-hot."""
+    y = logits.detach()
+    has_key = None if _every_row_has_a_key(y) else y.amax(dim=-1) > float("-inf")
+    return ArgmaxChoice(y.argmax(dim=-1), has_key)
+
+
+def gather_values(choice: ArgmaxChoice, v: Tensor) -> Tensor:
+    """The output rows V_{z_i} (Eq. 4.1 at inference): a gather of v, not
+    the product one-hot(z) v, and bit for bit that product (1 * v + 0 * ...
+    is v exactly; a row with no key gives 0 as its zero row does).
+
+    Args:
+        choice: indices (..., T_q) (``argmax_choice``).
+        v: (..., T_k, D), leading dimensions broadcastable to the indices'
+            (beam search: one copy of the encoder values per sentence).
+
+    Returns:
+        (..., T_q, D) in v's dtype.
+    """
+    index = choice.index
+    lead = torch.broadcast_shapes(index.shape[:-1], v.shape[:-2])
+    t_q, d = index.size(-1), v.size(-1)
+    rows = index.expand(*lead, t_q).unsqueeze(-1).expand(*lead, t_q, d)
+    out = torch.gather(v.expand(*lead, *v.shape[-2:]), -2, rows)
+    if choice.has_key is None:
+        return out
+    return out.masked_fill(~choice.has_key.expand(*lead, t_q).unsqueeze(-1), 0.0)
+
+
+def one_hot_rows(choice: ArgmaxChoice, num_keys: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """S = one-hot(z_i) (..., T_q, T_k) of ``choice``, zero rows where no key
+    may be chosen: ``argmax_one_hot``'s value, for the callers that ask for
+    the attention (analysis, ``output_attentions``)."""
+    index = choice.index
+    s = torch.zeros(*index.shape, num_keys, dtype=dtype, device=index.device).scatter_(-1, index.unsqueeze(-1), 1.0)
+    return s if choice.has_key is None else s * choice.has_key.unsqueeze(-1).to(dtype)
+
+
+def argmax_attention(logits: Tensor, v: Tensor, *, need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """Inference (Section 1: "we only use argmax attention"): the output
+    V_{z_i}, z_i = argmax_j L_ij, by index (``gather_values``), and S =
+    one-hot(z) (float32, float64 for float64 logits) only when asked for.
+
+    logits (..., T_q, T_k) with -inf at forbidden keys; v (..., T_k, D),
+    leading dimensions broadcastable to the logits'. Returns ((..., T_q, D)
+    in v's dtype, S or None).
+    """
+    choice = argmax_choice(logits)
+    out = gather_values(choice, v)
+    if not need_weights:
+        return out, None
+    return out, one_hot_rows(choice, logits.size(-1), AF.compute_dtype(logits.dtype))
+
+
 def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: float,
                      key_padding_mask: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
                      dropout_p: float = 0.0, noise: Optional[Tensor] = None,
@@ -227,6 +292,30 @@ def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: floa
         m.masked_fill_(key_padding_mask.bool()[:, None, None, :], low)
     m = m.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale / tau)
+
+
+def discrete_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: float = 1.0, hard: bool = False,
+                       training: bool = True, key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
+                       generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """Eq. 4.1 for per-head q (B, H, T_q, D) and k, v (B, H, T_k, D), each
+    row a draw from softmax(L), L = q k^T * scale (scheme 'unas'), padded
+    keys never chosen: the relaxed sample in training (fused, as
+    ``gumbel_attention``, unless ``hard`` or the weights are asked for), the
+    argmax by index at inference (``argmax_attention``). No attention
+    dropout: the sample is the noise (the fairseq modules' rule). The path of
+    the Hugging Face adapter's bidirectional self-attention.
+
+    Returns (S v (B, H, T_q, D) in v's dtype, S (float32; float64 for
+    float64 q) or None when not asked for).
+    """
+    if training and not hard and not need_weights:
+        out = gumbel_attention(q, k, v, scale=scale, tau=tau, key_padding_mask=key_padding_mask, generator=generator)
+        return out, None
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))  # L, q scaled first as fairseq does
+    if not training:
+        return argmax_attention(masked_scores(scores, key_padding_mask), v, need_weights=need_weights)
+    probs = discrete_probs(scores, key_padding_mask=key_padding_mask, tau=tau, hard=hard, generator=generator)
+    return torch.matmul(probs.to(v.dtype), v), probs
 
 
 def distribution_logits(scores: Tensor, *, scheme: str = "unas", key_padding_mask: Optional[Tensor] = None,

@@ -152,7 +152,7 @@ class TwoStreamEncoder(TransformerEncoderBase):
         states = [h] if return_all_hiddens else []
         attention = []
         for layer in self.layers:
-            g, h, probs, sample = layer(g, h, padding_mask if has_pads else None)
+            g, h, probs, sample = layer(g, h, padding_mask if has_pads else None, need_sample=return_attention)
             if return_all_hiddens:
                 states.append(h)
             if return_attention:
@@ -246,7 +246,8 @@ class TwoStreamDecoder(TransformerDecoderBase):
         for idx, layer in enumerate(self.layers):
             mask = self.buffered_future_mask(g) if incremental_state is None and not full_context_alignment else None
             g, h, cross = layer(g, h, encoder_g, encoder_h, encoder_padding_mask, incremental_state,
-                                self_attn_mask=mask, self_attn_padding_mask=self_attn_padding_mask)
+                                self_attn_mask=mask, self_attn_padding_mask=self_attn_padding_mask,
+                                need_attn=idx == alignment_layer)
             inner_states.append(h)
             if cross is not None and idx == alignment_layer:
                 heads = cross if alignment_heads is None else cross[:, :alignment_heads]

@@ -18,7 +18,7 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 
-from fairseq_dnas.attention.discrete import discrete_probs, masked_scores
+from fairseq_dnas.attention.discrete import argmax_attention, discrete_probs, distribution_logits, masked_scores
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -120,6 +120,7 @@ class TwoStreamAttention(MultiheadAttention):
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
         static_kv: bool = False,
         query_padding_mask: Optional[Tensor] = None,
+        need_sample: bool = True,
     ):
         """query (Tq, B, C): the controller at the queries; key (Tk, B, C):
         the controller at the keys; model_key (Tk, B, C): the model stream at
@@ -127,7 +128,11 @@ class TwoStreamAttention(MultiheadAttention):
         fairseq's additive (Tq, Tk) mask (the causal mask).
 
         Returns (controller output, model output) (Tq, B, C) before the
-        residual, and A, S (B, H, Tq, Tk).
+        residual, and A, S (B, H, Tq, Tk). At inference the model stream
+        takes its values by index (``argmax_attention``) and S, the one-hot,
+        is built only when ``need_sample``, the receptive-field penalty
+        (``keep_sample``) or a hook on ``attention_tap`` asks for it (else
+        None).
         """
         q = split_heads(self.q_proj(query), self.num_heads)
         k, v, vm = self._keys_and_values(key, model_key, incremental_state, static_kv)
@@ -137,11 +142,20 @@ class TwoStreamAttention(MultiheadAttention):
         probs = a.to(q.dtype)
         dropped = self.dropout_module(probs)
         g_out = self.out_proj(merge_heads(torch.matmul(dropped, v)))  # W_o^g A v
+        dnas = self.scheme == "dnas"
         if self.sampler == "soft":
             sample = dropped  # S = A
+        elif not self.training:
+            # Inference: h's row i is v'_{z_i}, z_i = argmax_j L_ij, a gather (Section 1)
+            want = need_sample or self.keep_sample or bool(self.attention_tap._forward_hooks)
+            out, sample = argmax_attention(
+                distribution_logits(logits, scheme="dnas", key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                    query_padding_mask=query_padding_mask, sinkhorn_iters=self.sinkhorn_iters)
+                if dnas else scores, vm, need_weights=want)
+            sample = None if sample is None else sample.to(q.dtype)
+            return self._finish(g_out, out, probs, sample)
         else:
             # Softmax(L) is sampled from the masked scores above; DNAS needs the masks itself.
-            dnas = self.scheme == "dnas"
             sample = discrete_probs(
                 logits if dnas else scores, key_padding_mask=key_padding_mask if dnas else None,
                 attn_mask=attn_mask if dnas else None, query_padding_mask=query_padding_mask,
@@ -149,9 +163,14 @@ class TwoStreamAttention(MultiheadAttention):
                 sampler=self.sampler, scheme=self.scheme, sinkhorn_iters=self.sinkhorn_iters,
                 probs=None if dnas else a,  # softmax(L + G) from A where it can (tau = 1)
             ).to(q.dtype)
+        return self._finish(g_out, torch.matmul(sample, vm), probs, sample)
+
+    def _finish(self, g_out: Tensor, model_attended: Tensor, probs: Tensor, sample: Optional[Tensor]):
+        """The model stream's output projection, and S handed to the
+        receptive-field penalty and the analysis tap."""
         if self.keep_sample:
             self.kept_sample = sample  # (B, H, T_q, T_k), for the receptive-field penalty
-        h_out = self.model_out_proj(merge_heads(torch.matmul(sample, vm)))  # W_o^h S v'
+        h_out = self.model_out_proj(merge_heads(model_attended))  # W_o^h S v'
         self.attention_tap(probs, sample)  # identity; what the analysis hooks read
         return g_out, h_out, probs, sample
 

@@ -73,12 +73,14 @@ class TwoStreamEncoderLayer(TransformerEncoderLayerBase):
             **attention_kwargs(cfg, "encoder"),
         )
 
-    def forward(self, g: Tensor, h: Tensor, encoder_padding_mask: Optional[Tensor] = None):
-        """g, h (T, B, C) -> (g, h, A, S)."""
+    def forward(self, g: Tensor, h: Tensor, encoder_padding_mask: Optional[Tensor] = None, need_sample: bool = True):
+        """g, h (T, B, C) -> (g, h, A, S); at inference S is None unless
+        ``need_sample`` (``TwoStreamAttention.two_stream_forward``)."""
         gq = pre_norm(self, g, self.self_attn_layer_norm)
         hq = pre_norm(self, h, self.model_self_attn_layer_norm)
         g_att, h_att, probs, sample = self.self_attn.two_stream_forward(
-            gq, gq, hq, key_padding_mask=encoder_padding_mask, query_padding_mask=encoder_padding_mask
+            gq, gq, hq, key_padding_mask=encoder_padding_mask, query_padding_mask=encoder_padding_mask,
+            need_sample=need_sample,
         )
         g = add_norm(self, g_att, g, self.self_attn_layer_norm)
         h = add_norm(self, h_att, h, self.model_self_attn_layer_norm)
@@ -113,13 +115,14 @@ class TwoStreamDecoderLayer(TransformerDecoderLayerBase):
         )
 
     def forward(self, g, h, encoder_g, encoder_h, encoder_padding_mask, incremental_state=None,
-                self_attn_mask=None, self_attn_padding_mask=None):
-        """g, h (T, B, C) -> (g, h, cross-attention S (B, H, T, Ts) or None)."""
+                self_attn_mask=None, self_attn_padding_mask=None, need_attn: bool = True):
+        """g, h (T, B, C) -> (g, h, cross-attention S (B, H, T, Ts) or None);
+        at inference S only when ``need_attn`` (the alignment layer)."""
         gq = pre_norm(self, g, self.self_attn_layer_norm)
         hq = pre_norm(self, h, self.model_self_attn_layer_norm)
         g_att, h_att, _, _ = self.self_attn.two_stream_forward(
             gq, gq, hq, key_padding_mask=self_attn_padding_mask, attn_mask=self_attn_mask,
-            incremental_state=incremental_state,
+            incremental_state=incremental_state, need_sample=False,
         )
         g = add_norm(self, g_att, g, self.self_attn_layer_norm)
         h = add_norm(self, h_att, h, self.model_self_attn_layer_norm)
@@ -128,7 +131,7 @@ class TwoStreamDecoderLayer(TransformerDecoderLayerBase):
             gq = pre_norm(self, g, self.encoder_attn_layer_norm)
             g_att, h_att, _, cross = self.encoder_attn.two_stream_forward(
                 gq, encoder_g, encoder_h, key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state, static_kv=True,
+                incremental_state=incremental_state, static_kv=True, need_sample=need_attn,
             )
             g = add_norm(self, g_att, g, self.encoder_attn_layer_norm)
             h = add_norm(self, h_att, h, self.model_encoder_attn_layer_norm)
