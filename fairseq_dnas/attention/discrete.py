@@ -199,9 +199,12 @@ def argmax_choice(logits: Tensor) -> ArgmaxChoice:
     the same choice as ``argmax_one_hot`` (argmax in the logits' own dtype
     gives the float32 cast's argmax: the cast keeps the order), without
     the T_q x T_k one-hot."""
-    y = logits.detach()
-    has_key = None if _every_row_has_a_key(y) else y.amax(dim=-1) > float("-inf")
-    return ArgmaxChoice(y.argmax(dim=-1), has_key)
+    # one pass for both: the row maxima (is there a key?) and their first index (torch.max's ties, as argmax's)
+    top, index = logits.detach().max(dim=-1)
+    has_key = top > float("-inf")
+    if has_key.device.type == "cpu" and bool(has_key.all()):  # (elsewhere the test would be a host synchronization)
+        has_key = None
+    return ArgmaxChoice(index, has_key)
 
 
 def gather_values(choice: ArgmaxChoice, v: Tensor) -> Tensor:
