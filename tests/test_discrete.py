@@ -587,6 +587,36 @@ def one_hot_product(logits, v, *, need_weights):
     return torch.matmul(s.to(v.dtype), v), (s if need_weights else None)
 
 
+def by_index_and_by_product(run, monkeypatch, module):
+    """run() by index (the code), then with ``one_hot_product`` in place of
+    ``module.argmax_attention``."""
+    by_index = run()
+    with monkeypatch.context() as m:
+        m.setattr(module, "argmax_attention", one_hot_product)
+        by_product = run()
+    return by_index, by_product
+
+
+def assert_beam_search_by_index_is_the_product(model, src, pad, monkeypatch, module):
+    """fairseq's SequenceGenerator (beam 3: incremental decoding and cache
+    reordering): the same hypotheses, scores and alignments by index as with
+    the one-hot product, bit for bit."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(pad).sum(1)}}
+    gen = SequenceGenerator([model], model.decoder.dictionary, beam_size=3, max_len_b=8)
+
+    def run():
+        with torch.no_grad():
+            return gen.generate([model], sample)
+
+    by_index, by_product = by_index_and_by_product(run, monkeypatch, module)
+    for hyps, want in zip(by_index, by_product):
+        for h, w in zip(hyps, want):
+            assert torch.equal(h["tokens"], w["tokens"]) and torch.equal(h["positional_scores"], w["positional_scores"])
+            assert torch.equal(h["attention"], w["attention"])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 @pytest.mark.parametrize("case", ["padded", "causal", "empty_rows", "beam"])
 def test_gather_by_index_equals_the_one_hot_product_bit_for_bit(dtype, case):

@@ -9,7 +9,8 @@ import torch
 from fairseq.logging import metrics
 from fairseq.modules import MultiheadAttention
 from helpers import TINY, build_model, random_tokens, tiny_args
-from test_discrete import causal_mask, one_hot_product, reference_sample
+from test_discrete import (assert_beam_search_by_index_is_the_product, by_index_and_by_product, causal_mask,
+                           reference_sample)
 
 from fairseq_dnas.analysis.capture import attention_sites, head_probs
 from fairseq_dnas.attention import discrete as DA
@@ -185,15 +186,6 @@ def test_eval_weights_are_exactly_one_hot(kind):
         assert bool((w[..., kw["key_padding_mask"][None, :, None, :].expand_as(w)] == 0).all())
 
 
-def _both_ways(run, monkeypatch):
-    """run() by index (the code), then with the one-hot product in its place."""
-    by_index = run()
-    with monkeypatch.context() as m:
-        m.setattr(DA, "argmax_attention", one_hot_product)
-        by_product = run()
-    return by_index, by_product
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_eval_by_index_equals_the_one_hot_product_bit_for_bit(kind, dtype, monkeypatch):
@@ -223,7 +215,7 @@ def test_eval_by_index_equals_the_one_hot_product_bit_for_bit(kind, dtype, monke
             disc.set_beam_size(1)
         return outs
 
-    by_index, by_product = _both_ways(run, monkeypatch)
+    by_index, by_product = by_index_and_by_product(run, monkeypatch, DA)
     assert len(by_index) == len(by_product)
     for (out, w), (want, want_w) in zip(by_index, by_product):
         assert out.dtype == dtype and torch.equal(out, want)
@@ -433,26 +425,9 @@ def test_incremental_decoding_equals_full_causal_decoding():
 
 
 def test_beam_search_by_index_equals_the_one_hot_product(monkeypatch):
-    """fairseq's SequenceGenerator (beam 3, incremental decoding, cache
-    reordering): the same hypotheses and scores by index as with the one-hot
-    product, bit for bit."""
-    from fairseq.sequence_generator import SequenceGenerator
-
     model = build_model(ARCH).eval()
     d = model.encoder.dictionary
-    src = random_tokens([5, 9, 7], 9, d)
-    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
-    gen = SequenceGenerator([model], model.decoder.dictionary, beam_size=3, max_len_b=8)
-
-    def run():
-        with torch.no_grad():
-            return gen.generate([model], sample)
-
-    by_index, by_product = _both_ways(run, monkeypatch)
-    for hyps, want in zip(by_index, by_product):
-        for h, w in zip(hyps, want):
-            assert torch.equal(h["tokens"], w["tokens"]) and torch.equal(h["positional_scores"], w["positional_scores"])
-            assert torch.equal(h["attention"], w["attention"])
+    assert_beam_search_by_index_is_the_product(model, random_tokens([5, 9, 7], 9, d), d.pad(), monkeypatch, DA)
 
 
 def test_dnas_scheme_model_trains_and_decodes():

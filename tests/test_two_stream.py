@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import padding_mask
 from helpers import build_model, random_tokens, tiny_dictionary
-from test_discrete import causal_mask, one_hot_product, reference_sample
+from test_discrete import (assert_beam_search_by_index_is_the_product, by_index_and_by_product, causal_mask,
+                           reference_sample)
 
 from fairseq_dnas.attention import discrete as D
 from fairseq_dnas.attention import gumbel_noise as N
@@ -106,15 +107,6 @@ def test_two_stream_attention_matches_float64_reference(sampler, case, dtype):
             torch.testing.assert_close(a.double(), b, **tol)
 
 
-def _both_ways(run, monkeypatch):
-    """run() by index (the code), then with the one-hot product in its place."""
-    by_index = run()
-    with monkeypatch.context() as m:
-        m.setattr(TS, "argmax_attention", one_hot_product)
-        by_product = run()
-    return by_index, by_product
-
-
 @pytest.mark.parametrize("case", ["self_padded", "causal", "cross_padded"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_eval_model_stream_by_index_equals_the_one_hot_product_bit_for_bit(case, dtype, monkeypatch):
@@ -132,7 +124,7 @@ def test_eval_model_stream_by_index_equals_the_one_hot_product_bit_for_bit(case,
         return [m.two_stream_forward(gq, gk, hk, key_padding_mask=kmask, attn_mask=amask, need_sample=need)
                 for need in (True, False)]
 
-    by_index, by_product = _both_ways(run, monkeypatch)
+    by_index, by_product = by_index_and_by_product(run, monkeypatch, TS)
     for got, want in zip(by_index, by_product):
         for a, b in zip(got[:3], want[:3]):
             assert a.dtype == dtype and torch.equal(a, b)
@@ -142,26 +134,9 @@ def test_eval_model_stream_by_index_equals_the_one_hot_product_bit_for_bit(case,
 
 @pytest.mark.parametrize("arch", ["transformer_discrete_tiny", "transformer_two_stream_tiny"])
 def test_beam_search_by_index_equals_the_one_hot_product(arch, monkeypatch):
-    """fairseq's SequenceGenerator (beam 3: incremental decoding and cache
-    reordering): the same hypotheses, scores and alignments by index as with
-    the one-hot product, bit for bit."""
-    from fairseq.sequence_generator import SequenceGenerator
-
-    model = build_model(arch).eval()
     d = tiny_dictionary()
-    src = random_tokens([7, 4, 6], 7, d)
-    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
-    gen = SequenceGenerator([model], model.decoder.dictionary, beam_size=3, max_len_b=8)
-
-    def run():
-        with torch.no_grad():
-            return gen.generate([model], sample)
-
-    by_index, by_product = _both_ways(run, monkeypatch)
-    for hyps, want in zip(by_index, by_product):
-        for h, w in zip(hyps, want):
-            assert torch.equal(h["tokens"], w["tokens"]) and torch.equal(h["positional_scores"], w["positional_scores"])
-            assert torch.equal(h["attention"], w["attention"])
+    assert_beam_search_by_index_is_the_product(build_model(arch).eval(), random_tokens([7, 4, 6], 7, d), d.pad(),
+                                               monkeypatch, TS)
 
 
 def test_eval_sample_is_exactly_one_hot_at_the_controllers_argmax():
