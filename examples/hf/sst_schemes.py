@@ -196,7 +196,8 @@ def faithfulness_taus(folder, test_tsv):
             fail(f"{FAITHFULNESS} failed on {folder} (its message is above)")
         os.replace(path + ".tmp", path)
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line)["tau"] for line in f if line.strip()]
+        taus = [json.loads(line)["tau"] for line in f if line.strip()]
+    return [t for t in taus if t is not None]  # (None: a sentence the metric cannot rank)
 
 
 def table(args):
@@ -223,7 +224,8 @@ def table(args):
                 results.append(json.load(f))
             if has_metric:
                 per_sentence = faithfulness_taus(folder, test_tsv)
-                taus.append(sum(per_sentence) / len(per_sentence))
+                if per_sentence:
+                    taus.append(sum(per_sentence) / len(per_sentence))
         if not results:
             continue
         found = True
