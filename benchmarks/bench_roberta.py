@@ -219,7 +219,7 @@ def noise_times(shape, rounds=25):
     """Median process CPU ms to draw float32 Gumbel noise of ``shape`` (one
     thread's share of a training step's layer), interleaved: the chains this
     project has used, and the draw of E = -log U alone (the two-stream path)."""
-    from fairseq_dnas.attention import discrete as D
+    from fairseq_dnas.attention import gumbel_noise as D
 
     cases = {  # name -> a call that returns the noise
         "exponential_ then -log (until 2026-11-27)":

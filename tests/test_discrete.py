@@ -10,6 +10,8 @@ from conftest import padding_mask
 from fairseq_dnas.reference import reference_probs
 
 from fairseq_dnas.attention import discrete as D
+from fairseq_dnas.attention import gumbel_noise as N
+from fairseq_dnas.attention import gumbel_schedule as GS
 from fairseq_dnas.attention.functional import dnas_probs, broadcast_masks
 from fairseq_dnas.errors import BadFlag
 
@@ -46,7 +48,7 @@ def reference_sample(scores, noise, tau, key_padding_mask=None, attn_mask=None):
 def _case(seed=0, batch=3, heads=2, t_q=6, t_k=7, scale=3.0):
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randn(batch, heads, t_q, t_k, generator=gen, dtype=torch.float64) * scale
-    noise = D.gumbel_noise((batch, heads, t_q, t_k), generator=gen)
+    noise = N.gumbel_noise((batch, heads, t_q, t_k), generator=gen)
     kmask = padding_mask([7, 4, 2][:batch], t_k, left_pad=True)
     return scores, noise, kmask
 
@@ -57,7 +59,7 @@ def _case(seed=0, batch=3, heads=2, t_q=6, t_k=7, scale=3.0):
 def test_gumbel_noise_is_finite_at_the_extremes_of_the_uniform():
     tiny, eps = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).eps
     u = torch.tensor([0.0, tiny / 4, tiny, 0.5, 1 - eps, 1 - eps / 2, 1.0])
-    g = D.gumbel_from_uniform(u)
+    g = N.gumbel_from_uniform(u)
     assert g.dtype == torch.float32 and bool(torch.isfinite(g).all())
     # 0 and below-tiny clamp to tiny; 1 and 1 - eps/2 clamp to 1 - eps
     assert g[0] == g[1] == g[2] and g[-1] == g[-2] == g[-3]
@@ -76,7 +78,7 @@ def test_gumbel_noise_has_the_gumbel_mean_and_variance():
     """Gumbel(0, 1): mean = Euler's gamma, variance = pi^2 / 6. With n draws
     the sample mean's standard error is sqrt(pi^2 / 6 / n); allow 5 of them."""
     n = 200_000
-    g = D.gumbel_noise((n,), generator=torch.Generator().manual_seed(1)).double()
+    g = N.gumbel_noise((n,), generator=torch.Generator().manual_seed(1)).double()
     assert g.dtype == torch.float64 and bool(torch.isfinite(g).all())
     se = math.sqrt(math.pi ** 2 / 6 / n)
     assert abs(g.mean().item() - EULER_GAMMA) < 5 * se
@@ -94,7 +96,7 @@ def test_half_precision_callers_never_see_nan_or_inf(dtype):
         assert bool(torch.isfinite(s.to(dtype)).all())
         # noise at the uniform's extremes, in every position
         for u in (0.0, 1.0):
-            noise = D.gumbel_from_uniform(torch.full(scores.shape, u))
+            noise = N.gumbel_from_uniform(torch.full(scores.shape, u))
             s = D.discrete_probs(scores, key_padding_mask=kmask, tau=0.05, hard=hard, noise=noise)
             assert bool(torch.isfinite(s.to(dtype)).all())
 
@@ -134,7 +136,7 @@ def test_no_probability_on_padded_keys_even_with_adversarial_noise(hard):
     scores, _, kmask = _case()
     k = kmask[:, None, None, :].expand_as(scores)
     scores = scores.masked_fill(k, 1e4)
-    noise = torch.where(k, D.gumbel_from_uniform(torch.ones(())), D.gumbel_from_uniform(torch.zeros(())))
+    noise = torch.where(k, N.gumbel_from_uniform(torch.ones(())), N.gumbel_from_uniform(torch.zeros(())))
     for tau in (1.0, 1e-3):
         s = D.discrete_probs(scores, key_padding_mask=kmask, tau=tau, hard=hard, noise=noise)
         assert bool((s[k] == 0).all())
@@ -210,7 +212,7 @@ def _frequency_chi_square(scheme):
     scores = torch.cat([scores, torch.randn(3, k, generator=gen, dtype=torch.float64)])[None, None]  # (1, 1, 4, 6)
     kmask = torch.tensor([[False] * 5 + [True]])
     qmask = torch.zeros(1, 4, dtype=torch.bool)
-    noise = D.gumbel_noise((n, 1, 4, k), generator=gen)
+    noise = N.gumbel_noise((n, 1, 4, k), generator=gen)
     s = D.discrete_probs(scores.expand(n, 1, 4, k), key_padding_mask=kmask.expand(n, k), hard=True,
                          noise=noise, scheme=scheme, query_padding_mask=qmask.expand(n, 4))
     counts = s[:, 0, 0].sum(0)  # the first query row
@@ -302,11 +304,11 @@ def test_soft_sampler_is_softmax_in_training_and_eval():
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "1", True])
 def test_check_temperature_refuses(bad):
     with pytest.raises(ValueError, match="--gumbel-temperature"):
-        D.check_temperature(bad)
+        GS.check_temperature(bad)
 
 
 def test_gumbel_schedule_is_geometric_and_clamped():
-    sched = D.GumbelSchedule.parse("4,0.25,100")
+    sched = GS.GumbelSchedule.parse("4,0.25,100")
     assert sched(0) == 4.0
     assert sched(50) == pytest.approx(1.0)  # geometric mean halfway
     assert sched(100) == pytest.approx(0.25) and sched(10_000) == pytest.approx(0.25)
@@ -317,7 +319,7 @@ def test_gumbel_schedule_is_geometric_and_clamped():
 @pytest.mark.parametrize("spec", ["1,2", "a,b,c", "1,0,10", "1,0.5,0", "1,0.5,2.5", "-1,1,5"])
 def test_gumbel_schedule_refuses_bad_specs(spec):
     with pytest.raises(ValueError, match="--gumbel-anneal"):
-        D.GumbelSchedule.parse(spec)
+        GS.GumbelSchedule.parse(spec)
 
 
 def _args(argv):
@@ -375,7 +377,7 @@ def test_fused_gumbel_attention_is_s_times_v(causal):
     the same noise (torch's fused attention, the noise as an additive mask)."""
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(3, 2, 7, 5, generator=gen, dtype=torch.float64) for _ in range(3))
-    noise = D.gumbel_noise((3, 2, 7, 7), generator=gen)
+    noise = N.gumbel_noise((3, 2, 7, 7), generator=gen)
     kmask = padding_mask([7, 5, 6], 7, left_pad=False)
     attn_mask = causal_mask(7, 7) if causal else None
     out = D.gumbel_attention(q, k, v, scale=0.4, tau=0.6, key_padding_mask=kmask, attn_mask=attn_mask, noise=noise)
@@ -392,7 +394,7 @@ def test_fused_gumbel_attention_is_finite_in_half_precision(dtype):
     q, k, v = (torch.randn(2, 2, 9, 8, generator=gen).mul(20).to(dtype) for _ in range(3))
     kmask = padding_mask([9, 3], 9, left_pad=True)
     for u in (0.0, 1.0):  # noise at the uniform's extremes everywhere
-        noise = D.gumbel_from_uniform(torch.full((2, 2, 9, 9), u))
+        noise = N.gumbel_from_uniform(torch.full((2, 2, 9, 9), u))
         try:
             out = D.gumbel_attention(q, k, v, scale=0.35, tau=0.05, key_padding_mask=kmask,
                                      attn_mask=causal_mask(9, 9), noise=noise)
@@ -410,7 +412,7 @@ CHI2_15DOF_P001 = 37.697
 
 def test_uniform_float32_is_uniform_on_the_23_bit_grid():
     n = 200_001  # odd: the last int64 gives one value
-    u = D.uniform_float32((n,), generator=torch.Generator().manual_seed(11))
+    u = N.uniform_float32((n,), generator=torch.Generator().manual_seed(11))
     assert u.shape == (n,) and u.dtype == torch.float32
     k = (u.double() * 2 ** 23)
     assert torch.equal(k, k.round()) and 0 <= u.min().item() and u.max().item() <= 1 - 2 ** -23
@@ -429,9 +431,9 @@ def test_uniform_float32_is_uniform_on_the_23_bit_grid():
     assert abs((x[:-1] * x[1:]).mean().item()) < 5 * (1 / 12) / math.sqrt(n)
     # a seeded generator reproduces the draw; the next draw differs
     g = torch.Generator().manual_seed(11)
-    assert torch.equal(D.uniform_float32((n,), generator=g), u)
-    assert not torch.equal(D.uniform_float32((n,), generator=g), u)
-    assert D.uniform_float32((2, 0, 3)).shape == (2, 0, 3) and D.uniform_float32(()).shape == ()
+    assert torch.equal(N.uniform_float32((n,), generator=g), u)
+    assert not torch.equal(N.uniform_float32((n,), generator=g), u)
+    assert N.uniform_float32((2, 0, 3)).shape == (2, 0, 3) and N.uniform_float32(()).shape == ()
 
 
 def test_cpu_noise_follows_torchs_seed_and_advances_its_generator():
@@ -440,38 +442,38 @@ def test_cpu_noise_follows_torchs_seed_and_advances_its_generator():
     noise, consecutive draws differ, and the generator state moves on by that
     one draw whatever the noise's size."""
     torch.manual_seed(5)
-    first, second = D.exponential_noise((4, 9)), D.exponential_noise((4, 9))
+    first, second = N.exponential_noise((4, 9)), N.exponential_noise((4, 9))
     torch.manual_seed(5)
-    assert torch.equal(D.exponential_noise((4, 9)), first)
-    assert torch.equal(D.exponential_noise((4, 9)), second) and not torch.equal(first, second)
+    assert torch.equal(N.exponential_noise((4, 9)), first)
+    assert torch.equal(N.exponential_noise((4, 9)), second) and not torch.equal(first, second)
     # one torch draw a call, whatever the shape: the next torch draw is the same
     after = []
     for shape in ((3,), (1000, 7)):
         torch.manual_seed(5)
-        D.uniform_float32(shape)
+        N.uniform_float32(shape)
         after.append(torch.randint(0, 2 ** 62, (1,)).item())
     assert after[0] == after[1]
     # an explicit generator is used, and the default one is left alone
     torch.manual_seed(5)
     state = torch.get_rng_state()
-    D.uniform_float32((10,), generator=torch.Generator().manual_seed(1))
+    N.uniform_float32((10,), generator=torch.Generator().manual_seed(1))
     assert torch.equal(torch.get_rng_state(), state)
     # the values of one call do not depend on how its size splits into dimensions
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    assert torch.equal(D.uniform_float32((6, 5), generator=g1).flatten(), D.uniform_float32((30,), generator=g2))
+    assert torch.equal(N.uniform_float32((6, 5), generator=g1).flatten(), N.uniform_float32((30,), generator=g2))
 
 
 def test_exponential_noise_is_exp1_and_the_draws_of_gumbel_noise():
     n = 200_000
-    e = D.exponential_noise((n,), generator=torch.Generator().manual_seed(1))
-    assert e.dtype == torch.float32 and D.E_LOW <= e.min().item() and e.max().item() <= D.E_HIGH
+    e = N.exponential_noise((n,), generator=torch.Generator().manual_seed(1))
+    assert e.dtype == torch.float32 and N.E_LOW <= e.min().item() and e.max().item() <= N.E_HIGH
     se = 1 / math.sqrt(n)  # Exp(1): mean 1, variance 1
     assert abs(e.double().mean().item() - 1) < 5 * se
     assert abs(e.double().var().item() - 1) < 0.05
     # P(E > 3) = e^-3
     assert abs((e > 3).double().mean().item() - math.exp(-3)) < 5 * math.sqrt(math.exp(-3) / n)
     # gumbel_noise: -log of the same draws
-    g = D.gumbel_noise((n,), generator=torch.Generator().manual_seed(1))
+    g = N.gumbel_noise((n,), generator=torch.Generator().manual_seed(1))
     assert torch.equal(g, e.log().neg())
 
 
@@ -546,7 +548,7 @@ def test_sample_from_probs_rows_without_a_key_are_zero_and_nan_logits_stay_nan()
     lg = logits.clone().requires_grad_()
     a = torch.softmax(lg, -1)
     assert bool(a[0, 0, 1].isnan().all())  # torch's softmax of an empty row
-    s = D.gumbel_softmax_from_probs(lg, a, D.exponential_noise(a.shape).double())
+    s = D.gumbel_softmax_from_probs(lg, a, N.exponential_noise(a.shape).double())
     assert bool((s[0, 0, 1] == 0).all()) and bool(s[0, 0, 2].isnan().all())
     torch.testing.assert_close(s[0, 0, 0].sum(), torch.tensor(1.0, dtype=torch.float64))
     (grad,) = torch.autograd.grad(s[0, 0, :2].sum() * 3, lg)
@@ -560,7 +562,7 @@ def test_sample_from_probs_argmax_frequencies_are_softmax():
     n = 20_000
     logits = torch.tensor([1.2, -0.3, 0.5, 2.0, 0.0, float("-inf")]).expand(n, 1, 1, 6)
     a = torch.softmax(logits, -1)
-    s = D.gumbel_softmax_from_probs(logits, a, D.exponential_noise(a.shape, generator=torch.Generator().manual_seed(3)))
+    s = D.gumbel_softmax_from_probs(logits, a, N.exponential_noise(a.shape, generator=torch.Generator().manual_seed(3)))
     counts = torch.bincount(s.argmax(-1).flatten(), minlength=6).double()
     assert counts[-1] == 0
     probs = a[0, 0, 0, :5].double()
@@ -573,3 +575,86 @@ def test_sample_from_probs_refuses_a_noise_of_another_shape():
     a = torch.softmax(torch.randn(2, 3), -1)
     with pytest.raises(ValueError, match="draw it in the probabilities' shape"):
         D.gumbel_softmax_from_probs(a.log(), a, torch.ones(3))
+
+
+# --- inference by index (issue 43, part 4) ----------------------------------------
+
+
+def one_hot_product(logits, v, *, need_weights):
+    """The inference output as the models computed it before the gather: the
+    one-hot matrix of the argmax times v (``argmax_attention``'s signature)."""
+    s = D.argmax_one_hot(logits)
+    return torch.matmul(s.to(v.dtype), v), (s if need_weights else None)
+
+
+def by_index_and_by_product(run, monkeypatch, module):
+    """run() by index (the code), then with ``one_hot_product`` in place of
+    ``module.argmax_attention``."""
+    by_index = run()
+    with monkeypatch.context() as m:
+        m.setattr(module, "argmax_attention", one_hot_product)
+        by_product = run()
+    return by_index, by_product
+
+
+def assert_beam_search_by_index_is_the_product(model, src, pad, monkeypatch, module):
+    """fairseq's SequenceGenerator (beam 3: incremental decoding and cache
+    reordering): the same hypotheses, scores and alignments by index as with
+    the one-hot product, bit for bit."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(pad).sum(1)}}
+    gen = SequenceGenerator([model], model.decoder.dictionary, beam_size=3, max_len_b=8)
+
+    def run():
+        with torch.no_grad():
+            return gen.generate([model], sample)
+
+    by_index, by_product = by_index_and_by_product(run, monkeypatch, module)
+    for hyps, want in zip(by_index, by_product):
+        for h, w in zip(hyps, want):
+            assert torch.equal(h["tokens"], w["tokens"]) and torch.equal(h["positional_scores"], w["positional_scores"])
+            assert torch.equal(h["attention"], w["attention"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("case", ["padded", "causal", "empty_rows", "beam"])
+def test_gather_by_index_equals_the_one_hot_product_bit_for_bit(dtype, case):
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(3, 2, 5, 6, generator=g, dtype=torch.float64)
+    v = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64).to(dtype)
+    kmask = padding_mask([6, 4, 2], 6, left_pad=True)
+    attn_mask = causal_mask(5, 6) if case == "causal" else None
+    if case == "empty_rows":
+        kmask[2] = True  # no key at all: the zero row
+    logits = D.masked_scores(scores, kmask, attn_mask)
+    if case == "beam":  # (B_kv, beam, H, T_q, T_k) queries against one copy of the values per sentence
+        logits = torch.stack([logits, logits.flip(-2)], dim=1)
+        v = v[:, None]
+    logits = logits.to(dtype)
+    out, w = D.argmax_attention(logits, v, need_weights=True)
+    want, want_w = one_hot_product(logits, v, need_weights=True)
+    assert out.dtype == v.dtype and torch.equal(out, want)
+    assert torch.equal(w, want_w)
+    if case == "empty_rows":
+        assert want_w[2].sum() == 0 and out[2].abs().sum() == 0
+    elif case != "causal":  # (with left padding, the causal mask leaves early rows of sentence 2 without a key)
+        assert bool((want_w.sum(-1) == 1).all())
+    assert D.argmax_attention(logits, v, need_weights=False)[1] is None
+
+
+def test_discrete_attention_at_inference_takes_the_argmax_by_index(monkeypatch):
+    """The (B, H, T, D) path the HF adapter runs: eval gathers V at the
+    argmax of the padded logits (a float64 computation by hand) and builds no
+    one-hot unless the weights are asked for."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    kmask = padding_mask([5, 3], 5, left_pad=False)
+    scale = 0.5
+    logits = (q * scale) @ k.transpose(-1, -2)
+    logits = logits.masked_fill(kmask[:, None, None, :], float("-inf"))
+    index = logits.argmax(-1)
+    want = torch.stack([torch.stack([v[b, h, index[b, h]] for h in range(3)]) for b in range(2)])
+    monkeypatch.setattr(D, "one_hot_rows", lambda *a, **kw: pytest.fail("one-hot built without being asked for"))
+    out, w = D.discrete_attention(q, k, v, scale=scale, training=False, key_padding_mask=kmask)
+    assert w is None and torch.equal(out, want)

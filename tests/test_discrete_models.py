@@ -9,10 +9,12 @@ import torch
 from fairseq.logging import metrics
 from fairseq.modules import MultiheadAttention
 from helpers import TINY, build_model, random_tokens, tiny_args
-from test_discrete import causal_mask, reference_sample
+from test_discrete import (assert_beam_search_by_index_is_the_product, by_index_and_by_product, causal_mask,
+                           reference_sample)
 
 from fairseq_dnas.analysis.capture import attention_sites, head_probs
 from fairseq_dnas.attention import discrete as DA
+from fairseq_dnas.attention import gumbel_noise as N
 from fairseq_dnas.modules.discrete_attention import DiscreteMultiheadAttention
 
 ARCH = "transformer_discrete_single"
@@ -100,7 +102,7 @@ def test_gumbel_module_matches_float64_reference(kind, hard):
     torch.manual_seed(5)
     out, w = disc(**kw, need_head_weights=True)
     torch.manual_seed(5)
-    noise = DA.gumbel_noise(w.transpose(0, 1).shape)
+    noise = N.gumbel_noise(w.transpose(0, 1).shape)
     ref, s = _reference_output(disc, kw, noise, 0.6)
     if hard:  # the forward value is the one-hot of the relaxed sample's argmax
         s = torch.nn.functional.one_hot(s.argmax(-1), s.size(-1)).double() * (s.sum(-1, keepdim=True) > 0)
@@ -146,7 +148,7 @@ def test_attention_dropout_acts_on_softmax_attention_only(need_weights):
     entries of softmax attention (S = softmax(L) with the soft sampler, the
     controller's A) and never of a Gumbel sample S. Training, same seed,
     attention dropout 0.5 against 0."""
-    from fairseq_dnas.modules.two_stream import TwoStreamAttention
+    from fairseq_dnas.modules.two_stream_attention import TwoStreamAttention
 
     def run_single(sampler, p):
         _, disc = _pair("encoder_self", sampler=sampler, dropout=p)
@@ -182,6 +184,50 @@ def test_eval_weights_are_exactly_one_hot(kind):
     assert bool((w.sum(-1) == 1).all())
     if "key_padding_mask" in kw:
         assert bool((w[..., kw["key_padding_mask"][None, :, None, :].expand_as(w)] == 0).all())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eval_by_index_equals_the_one_hot_product_bit_for_bit(kind, dtype, monkeypatch):
+    """Inference gathers V at the argmax; the output and the weights are the
+    one-hot product's, bit for bit: whole calls with padding or the causal
+    mask, one step at a time with fairseq's incremental state, and the beam
+    layout of encoder-decoder attention (one copy of the keys per sentence)."""
+    _, disc = _pair(kind, sampler="gumbel")
+    disc.to(dtype).eval()
+    kw = {k: (t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t) for k, t in _inputs(kind).items()}
+
+    def run():
+        outs = [disc(**kw, need_head_weights=True), disc(**kw, need_weights=False)]
+        state = {}
+        for t in range(kw["query"].size(0) if kind != "encoder_self" else 0):  # (decoders step one query at a time)
+            x = kw["query"][t:t + 1]
+            step = dict(kw, query=x, attn_mask=None)
+            if kind == "decoder_self":
+                step.update(key=x, value=x)
+            outs.append(disc(**step, incremental_state=state, need_weights=t % 2 == 0))
+        if kind == "cross":  # beam 2: the encoder output repeated per hypothesis, projected once per sentence
+            disc.set_beam_size(2)
+            beam_kw = dict(kw, query=kw["query"].repeat_interleave(2, 1), key=kw["key"].repeat_interleave(2, 1),
+                           value=kw["value"].repeat_interleave(2, 1),
+                           key_padding_mask=kw["key_padding_mask"].repeat_interleave(2, 0))
+            outs.append(disc(**beam_kw, need_weights=True))
+            disc.set_beam_size(1)
+        return outs
+
+    by_index, by_product = by_index_and_by_product(run, monkeypatch, DA)
+    assert len(by_index) == len(by_product)
+    for (out, w), (want, want_w) in zip(by_index, by_product):
+        assert out.dtype == dtype and torch.equal(out, want)
+        assert (w is None and want_w is None) or torch.equal(w, want_w)
+
+
+def test_eval_builds_no_one_hot_unless_asked(monkeypatch):
+    _, disc = _pair("encoder_self", sampler="gumbel")
+    disc.eval()
+    monkeypatch.setattr(DA, "one_hot_rows", lambda *a, **kw: pytest.fail("one-hot built without being asked for"))
+    out, w = disc(**_inputs("encoder_self"), need_weights=False)
+    assert w is None and bool(out.isfinite().all())
 
 
 def test_gradients_reach_every_parameter_through_the_sample():
@@ -376,6 +422,12 @@ def test_incremental_decoding_equals_full_causal_decoding():
                         incremental_state=state)[0]
     again = model.decoder(torch.cat([tgt, tgt[:, :1]], 1)[order], encoder_out=model.encoder.reorder_encoder_out(enc, order))[0]
     torch.testing.assert_close(nxt[:, -1], again[:, -1], atol=1e-5, rtol=0)
+
+
+def test_beam_search_by_index_equals_the_one_hot_product(monkeypatch):
+    model = build_model(ARCH).eval()
+    d = model.encoder.dictionary
+    assert_beam_search_by_index_is_the_product(model, random_tokens([5, 9, 7], 9, d), d.pad(), monkeypatch, DA)
 
 
 def test_dnas_scheme_model_trains_and_decodes():

@@ -207,10 +207,11 @@ def test_unas_equals_sdpa_and_dnas_is_padding_invariant(family):
     assert len(logits) == (1 if family == "albert" else 2), logits  # ALBERT shares one module
 
 
+@pytest.mark.parametrize("scheme", ["dnas", "discrete"])
 @pytest.mark.parametrize("family", ["bart", "mbart"])
-def test_seq2seq_decoder_stays_softmax(family):
+def test_seq2seq_decoder_stays_softmax(family, scheme):
     model = build(family)
-    roles = {name: role for name, _, role in hf.attention_modules(hf.enable(model, scheme="dnas"))}
+    roles = {name: role for name, _, role in hf.attention_modules(hf.enable(model, scheme=scheme))}
     assert roles["encoder.layers.0.self_attn"] == "self"
     assert roles["decoder.layers.0.self_attn"] == "causal"
     assert roles["decoder.layers.0.encoder_attn"] == "cross"

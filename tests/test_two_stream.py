@@ -12,10 +12,12 @@ import pytest
 import torch
 from conftest import padding_mask
 from helpers import build_model, random_tokens, tiny_dictionary
-from test_discrete import causal_mask, reference_sample
+from test_discrete import (assert_beam_search_by_index_is_the_product, by_index_and_by_product, causal_mask,
+                           reference_sample)
 
 from fairseq_dnas.attention import discrete as D
-from fairseq_dnas.modules import two_stream as TS
+from fairseq_dnas.attention import gumbel_noise as N
+from fairseq_dnas.modules import two_stream_attention as TS
 
 EMBED, HEADS = 16, 4
 
@@ -76,7 +78,7 @@ def test_two_stream_attention_matches_float64_reference(sampler, case, dtype):
     amask = causal_mask(t_q, t_k) if case == "causal" else None
     shape = (3, HEADS, t_q, t_k)
     torch.manual_seed(5)
-    noise = D.gumbel_noise(shape)  # what the module draws after the same seed
+    noise = N.gumbel_noise(shape)  # what the module draws after the same seed
     x = [t.clone().to(dtype).requires_grad_() for t in (gq, gk, hk)]
     torch.manual_seed(5)
     g_out, h_out, probs, sample = m.two_stream_forward(x[0], x[1], x[2], key_padding_mask=kmask, attn_mask=amask)
@@ -103,6 +105,38 @@ def test_two_stream_attention_matches_float64_reference(sampler, case, dtype):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a.double(), b, **tol)
+
+
+@pytest.mark.parametrize("case", ["self_padded", "causal", "cross_padded"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_eval_model_stream_by_index_equals_the_one_hot_product_bit_for_bit(case, dtype, monkeypatch):
+    """Inference: the model stream gathers v' at the controller's argmax; both
+    streams' outputs equal the one-hot product's bit for bit, and S (the
+    exact one-hot) is built only when asked for."""
+    kdim = 12 if case == "cross_padded" else None
+    t_q, t_k = (5, 7) if case == "cross_padded" else (6, 6)
+    m = _attention("gumbel", kdim=kdim).to(dtype).eval()
+    gq, gk, hk = (t.to(dtype) for t in _inputs(t_q, t_k, kdim=kdim or EMBED))
+    kmask = None if case == "causal" else padding_mask([t_k, 4, 2], t_k, left_pad=True)
+    amask = causal_mask(t_q, t_k) if case == "causal" else None
+
+    def run():
+        return [m.two_stream_forward(gq, gk, hk, key_padding_mask=kmask, attn_mask=amask, need_sample=need)
+                for need in (True, False)]
+
+    by_index, by_product = by_index_and_by_product(run, monkeypatch, TS)
+    for got, want in zip(by_index, by_product):
+        for a, b in zip(got[:3], want[:3]):
+            assert a.dtype == dtype and torch.equal(a, b)
+    assert torch.equal(by_index[0][3], by_product[0][3])  # the one-hot S, asked for
+    assert by_index[1][3] is None  # not asked for: not built
+
+
+@pytest.mark.parametrize("arch", ["transformer_discrete_tiny", "transformer_two_stream_tiny"])
+def test_beam_search_by_index_equals_the_one_hot_product(arch, monkeypatch):
+    d = tiny_dictionary()
+    assert_beam_search_by_index_is_the_product(build_model(arch).eval(), random_tokens([7, 4, 6], 7, d), d.pad(),
+                                               monkeypatch, TS)
 
 
 def test_eval_sample_is_exactly_one_hot_at_the_controllers_argmax():
@@ -307,7 +341,7 @@ def test_dnas_scheme_samples_s_from_the_dnas_distribution(training):
     gq, gk, hk = _inputs(6, 6)
     kmask = padding_mask([6, 4, 2], 6, left_pad=True)
     torch.manual_seed(5)
-    noise = D.gumbel_noise((3, HEADS, 6, 6))
+    noise = N.gumbel_noise((3, HEADS, 6, 6))
     torch.manual_seed(5)
     _, _, probs, sample = m.two_stream_forward(gq, gk, hk, key_padding_mask=kmask, query_padding_mask=kmask)
     q, k = (_heads(_linear(lin, gq)) for lin in (m.q_proj, m.k_proj))

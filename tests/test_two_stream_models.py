@@ -397,7 +397,7 @@ def _gradients_through_s(model, loss_fn, params):
     sum_l (d loss / d S_l) . (d S_l / d p). Exact for the Gumbel sampler,
     whose S_l no other S depends on (the controller's states are computed
     from A, not S)."""
-    from fairseq_dnas.modules.two_stream import AttentionTap
+    from fairseq_dnas.modules.two_stream_attention import AttentionTap
 
     samples = []
     handles = [m.register_forward_hook(lambda mod, args, out: samples.append(args[1]))

@@ -16,99 +16,26 @@ All functions take scores of shape (B, H, T_q, T_k) and compute in float32
 (float64 stays float64, so gradcheck and exact references can run); callers
 cast the result to their dtype. Nothing here imports fairseq.
 
-Numerics: the thesis's ``-log(-log(U + 1e-20) + 1e-20)`` underflows in half
-precision (1e-20 is 0 in fp16), and a uniform draw of exactly 0 or 1 gives an
-infinite noise value. Here the noise is always drawn in float32 from a
-uniform clamped to [tiny, 1 - eps] of float32, so it lies in about
-[-4.5, 15.9] whatever the caller's dtype.
+The noise G is drawn in ``gumbel_noise``; the temperature's check and its
+annealing schedule are in ``gumbel_schedule``.
 """
 
-import math
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
+from fairseq_dnas.attention.gumbel_noise import exponential_noise, gumbel_noise
 
 SAMPLERS = ("gumbel", "soft")  # 'soft' is S = A = softmax(L) (no sampling)
 DISCRETE_SCHEMES = ("unas", "dnas")  # the distribution sampled from
-
-_F32 = torch.finfo(torch.float32)
-U_LOW = _F32.tiny  # smallest normal float32 > 0: -log(U) = 87.3, finite
-U_HIGH = 1.0 - _F32.eps  # 1 - 2^-23 < 1: -log(U) = 1.19e-7 > 0, so log() is finite
-# The same bounds on E = -log U, the exponential variable (-log of the
-# clamped uniform, computed in float32 as the noise is).
-E_LOW = float(-torch.tensor(U_HIGH, dtype=torch.float32).log())
-E_HIGH = float(-torch.tensor(U_LOW, dtype=torch.float32).log())
 
 # A finite stand-in for -inf inside the sample (the functional module's
 # value): a row whose keys are all forbidden then stays finite (uniform, then
 # zeroed), in the forward and in the gradient, where -inf would give NaN.
 NEG = AF.NEG
-
-
-def gumbel_from_uniform(u: Tensor) -> Tensor:
-    """G = -log(-log U) (Section 3.3) in float32, U clamped to [U_LOW, U_HIGH]
-    first, so U = 0 or U = 1 still give finite noise. ``u`` is not changed."""
-    return u.to(torch.float32, copy=True).clamp_(U_LOW, U_HIGH).log_().neg_().log_().neg_()
-
-
-def uniform_float32(shape, *, generator: Optional[torch.Generator] = None) -> Tensor:
-    """U ~ Uniform[0, 1) on the CPU in float32, k 2^-23 for k uniform in
-    [0, 2^23): 23 random bits as the mantissa of a float in [1, 2), minus 1
-    (JAX's ``random.uniform`` does the same).
-
-    The bits come from NumPy's SFC64 generator (``random_raw``: 64 bits a
-    value, two 32-bit words, 23 bits taken from each), seeded for each call
-    with one 63-bit draw of torch's generator (``generator``, or torch's
-    default CPU generator): ``torch.manual_seed`` and fairseq's seeding
-    reproduce the noise, and each call advances torch's generator state, so
-    the next call draws other noise. Why not torch's own bits: its CPU
-    ``random_`` on int64 (MT19937) costs twice SFC64's ``random_raw``, and
-    ``uniform_`` more (docs/results/2026-11-27-cpu-gumbel-speed.md,
-    docs/results/2026-11-27-cpu-noise-sfc64.md). SFC64 (Chris
-    Doty-Humphrey's Small Fast Chaotic generator, 256 bits of state with a
-    64-bit counter) is one of NumPy's documented bit generators; NumPy seeds
-    it through its ``SeedSequence``, so neighbouring seeds give unrelated
-    streams, and its documented compatibility guarantee keeps a fixed seed's
-    stream the same across NumPy versions.
-    """
-    n = math.prod(shape)
-    seed = int(torch.randint(0, 2 ** 63 - 1, (), dtype=torch.int64, generator=generator))
-    # (at least one word: NumPy gives an empty array stride 0, which torch cannot view as int32)
-    raw = np.random.SFC64(seed).random_raw(max(1, (n + 1) // 2)).view(np.int64)  # uint64 bits read as int64
-    words = torch.from_numpy(raw).view(torch.int32)[:n]
-    mantissa = words.bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)  # bits of 1 + k 2^-23, k < 2^23
-    return mantissa.view(torch.float32).sub_(1.0).view(shape)  # exact: k 2^-23 in [0, 1 - 2^-23]
-
-
-def exponential_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
-    """E = -log U ~ Exp(1) in float32, U uniform clamped to [tiny, 1 - eps] of
-    float32, so E lies in [E_LOW, E_HIGH] (about [1.2e-7, 87.3]); the
-    Gumbel noise is G = -log E (``gumbel_noise`` draws E and takes that log).
-
-    On the CPU, U is ``uniform_float32`` and the log a vectorized pass:
-    torch's CPU ``exponential_`` samples one element at a time and costs
-    several times the whole Gumbel chain (docs/results/2026-11-27-cpu-gumbel-speed.md).
-    On other devices E is drawn directly as Exp(1) (``exponential_``, the
-    same distribution in one kernel) and clamped to the same bounds.
-    """
-    device = torch.device("cpu") if device is None else torch.device(device)
-    if device.type == "cpu":
-        return uniform_float32(shape, generator=generator).clamp_(U_LOW, U_HIGH).log_().neg_()  # E = -log U
-    return torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator).clamp_(
-        E_LOW, E_HIGH)
-
-
-def gumbel_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
-    """float32 Gumbel(0, 1) noise of ``shape``, always finite: -log(-log U)
-    with U uniform clamped to [tiny, 1 - eps] of float32 (G in about
-    [-4.5, 15.9]), drawn in one buffer and transformed in place. The same
-    draws as ``exponential_noise`` with the same generator state."""
-    return exponential_noise(shape, device=device, generator=generator).log_().neg_()  # G = -log E, Section 3.3
 
 
 def masked_scores(scores: Tensor, key_padding_mask: Optional[Tensor] = None,
@@ -260,6 +187,74 @@ def argmax_one_hot(logits: Tensor) -> Tensor:
     return _one_hot_argmax(logits.detach().to(AF.compute_dtype(logits.dtype)))
 
 
+class ArgmaxChoice(NamedTuple):
+    """The key each attention row takes at inference, z_i = argmax_j L_ij."""
+
+    index: Tensor  # (..., T_q) int64; ties to the lowest index, as argmax_one_hot
+    has_key: Optional[Tensor]  # (..., T_q) bool, False where every key is -inf; None if every row has one
+
+
+def argmax_choice(logits: Tensor) -> ArgmaxChoice:
+    """z_i = argmax_j L_ij, the inference-time choice (Section 1), as indices:
+    the same choice as ``argmax_one_hot`` (argmax in the logits' own dtype
+    gives the float32 cast's argmax: the cast keeps the order), without
+    the T_q x T_k one-hot."""
+    # one pass for both: the row maxima (is there a key?) and their first index (torch.max's ties, as argmax's)
+    top, index = logits.detach().max(dim=-1)
+    has_key = top > float("-inf")
+    if has_key.device.type == "cpu" and bool(has_key.all()):  # (elsewhere the test would be a host synchronization)
+        has_key = None
+    return ArgmaxChoice(index, has_key)
+
+
+def gather_values(choice: ArgmaxChoice, v: Tensor) -> Tensor:
+    """The output rows V_{z_i} (Eq. 4.1 at inference): a gather of v, not
+    the product one-hot(z) v, and bit for bit that product (1 * v + 0 * ...
+    is v exactly; a row with no key gives 0 as its zero row does).
+
+    Args:
+        choice: indices (..., T_q) (``argmax_choice``).
+        v: (..., T_k, D), leading dimensions broadcastable to the indices'
+            (beam search: one copy of the encoder values per sentence).
+
+    Returns:
+        (..., T_q, D) in v's dtype.
+    """
+    index = choice.index
+    lead = torch.broadcast_shapes(index.shape[:-1], v.shape[:-2])
+    t_q, d = index.size(-1), v.size(-1)
+    rows = index.expand(*lead, t_q).unsqueeze(-1).expand(*lead, t_q, d)
+    out = torch.gather(v.expand(*lead, *v.shape[-2:]), -2, rows)
+    if choice.has_key is None:
+        return out
+    return out.masked_fill(~choice.has_key.expand(*lead, t_q).unsqueeze(-1), 0.0)
+
+
+def one_hot_rows(choice: ArgmaxChoice, num_keys: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """S = one-hot(z_i) (..., T_q, T_k) of ``choice``, zero rows where no key
+    may be chosen: ``argmax_one_hot``'s value, for the callers that ask for
+    the attention (analysis, ``output_attentions``)."""
+    index = choice.index
+    s = torch.zeros(*index.shape, num_keys, dtype=dtype, device=index.device).scatter_(-1, index.unsqueeze(-1), 1.0)
+    return s if choice.has_key is None else s * choice.has_key.unsqueeze(-1).to(dtype)
+
+
+def argmax_attention(logits: Tensor, v: Tensor, *, need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """Inference (Section 1: "we only use argmax attention"): the output
+    V_{z_i}, z_i = argmax_j L_ij, by index (``gather_values``), and S =
+    one-hot(z) (float32, float64 for float64 logits) only when asked for.
+
+    logits (..., T_q, T_k) with -inf at forbidden keys; v (..., T_k, D),
+    leading dimensions broadcastable to the logits'. Returns ((..., T_q, D)
+    in v's dtype, S or None).
+    """
+    choice = argmax_choice(logits)
+    out = gather_values(choice, v)
+    if not need_weights:
+        return out, None
+    return out, one_hot_rows(choice, logits.size(-1), AF.compute_dtype(logits.dtype))
+
+
 def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: float,
                      key_padding_mask: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
                      dropout_p: float = 0.0, noise: Optional[Tensor] = None,
@@ -300,6 +295,30 @@ def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: floa
         m.masked_fill_(key_padding_mask.bool()[:, None, None, :], low)
     m = m.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale / tau)
+
+
+def discrete_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: float = 1.0, hard: bool = False,
+                       training: bool = True, key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
+                       generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """Eq. 4.1 for per-head q (B, H, T_q, D) and k, v (B, H, T_k, D), each
+    row a draw from softmax(L), L = q k^T * scale (scheme 'unas'), padded
+    keys never chosen: the relaxed sample in training (fused, as
+    ``gumbel_attention``, unless ``hard`` or the weights are asked for), the
+    argmax by index at inference (``argmax_attention``). No attention
+    dropout: the sample is the noise (the fairseq modules' rule). The path of
+    the Hugging Face adapter's bidirectional self-attention.
+
+    Returns (S v (B, H, T_q, D) in v's dtype, S (float32; float64 for
+    float64 q) or None when not asked for).
+    """
+    if training and not hard and not need_weights:
+        out = gumbel_attention(q, k, v, scale=scale, tau=tau, key_padding_mask=key_padding_mask, generator=generator)
+        return out, None
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))  # L, q scaled first as fairseq does
+    if not training:
+        return argmax_attention(masked_scores(scores, key_padding_mask), v, need_weights=need_weights)
+    probs = discrete_probs(scores, key_padding_mask=key_padding_mask, tau=tau, hard=hard, generator=generator)
+    return torch.matmul(probs.to(v.dtype), v), probs
 
 
 def distribution_logits(scores: Tensor, *, scheme: str = "unas", key_padding_mask: Optional[Tensor] = None,
@@ -365,56 +384,3 @@ def discrete_probs(scores: Tensor, *, key_padding_mask: Optional[Tensor] = None,
     if noise is None:
         noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
     return gumbel_softmax_probs(logits, tau=tau, hard=hard, noise=noise)
-
-
-def check_temperature(tau) -> None:
-    """ValueError naming --gumbel-temperature unless tau is a finite number > 0."""
-    ok = isinstance(tau, (int, float)) and not isinstance(tau, bool) and math.isfinite(tau) and tau > 0
-    if not ok:
-        raise ValueError(
-            f"--gumbel-temperature must be a finite number > 0 (the thesis uses 1); got {tau!r}"
-        )
-
-
-class GumbelSchedule:
-    """Temperature annealing, geometric: tau(n) = start * (end / start) ** (min(n, updates) / updates).
-
-    The thesis keeps tau = 1 (Section 5.3) but names the usual practice of
-    starting high and annealing low (Section 3.3); a geometric decay moves
-    tau by the same factor per update (as Jang et al. anneal exponentially)
-    and stays at ``end`` after ``updates`` updates.
-    """
-
-    def __init__(self, start: float, end: float, updates: int):
-        for name, value in (("START", start), ("END", end)):
-            try:
-                check_temperature(value)
-            except ValueError:
-                raise ValueError(
-                    f"--gumbel-anneal START,END,UPDATES: {name} must be a finite number > 0; got {value!r}"
-                ) from None
-        if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
-            raise ValueError(f"--gumbel-anneal START,END,UPDATES: UPDATES must be an integer >= 1; got {updates!r}")
-        self.start, self.end, self.updates = float(start), float(end), updates
-
-    @classmethod
-    def parse(cls, spec: str) -> "GumbelSchedule":
-        """'START,END,UPDATES', e.g. '2,0.5,10000'."""
-        parts: Sequence[str] = [p.strip() for p in str(spec).split(",")]
-        if len(parts) != 3:
-            raise ValueError(f"--gumbel-anneal takes START,END,UPDATES (e.g. 2,0.5,10000); got {spec!r}")
-        try:
-            start, end = float(parts[0]), float(parts[1])
-            updates = int(parts[2])
-        except ValueError:
-            raise ValueError(
-                f"--gumbel-anneal takes START,END,UPDATES as two numbers and an integer (e.g. 2,0.5,10000); got {spec!r}"
-            ) from None
-        return cls(start, end, updates)
-
-    def __call__(self, num_updates: int) -> float:
-        frac = min(max(num_updates, 0), self.updates) / self.updates
-        return self.start * (self.end / self.start) ** frac
-
-    def __repr__(self):
-        return f"GumbelSchedule({self.start:g}, {self.end:g}, {self.updates})"

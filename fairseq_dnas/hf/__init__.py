@@ -1,13 +1,15 @@
-"""DNAS/HNAS attention for Hugging Face ``transformers`` encoders (extra ``[hf]``).
+"""DNAS/HNAS and discrete attention for Hugging Face ``transformers`` encoders (extra ``[hf]``).
 
     from fairseq_dnas import hf
     model = AutoModelForSequenceClassification.from_config(config)
     hf.enable(model, scheme="hnas", hybrid_init=0.5, per="head")
+    hf.enable(model, scheme="discrete", gumbel_temperature=1.0, gumbel_hard=False)  # or discrete attention
     model.save_pretrained(d); model = hf.from_pretrained(AutoModelForSequenceClassification, d)
 
-Only bidirectional self-attention becomes DNAS/HNAS; causal self-attention and
+Only bidirectional self-attention changes; causal self-attention and
 cross-attention stay softmax (transformers' ``sdpa``), as in the fairseq plugin's
-decoder. The attention itself runs on ``fairseq_dnas.attention.kernels.attend``.
+decoder. DNAS/HNAS run on ``fairseq_dnas.attention.kernels.attend``, discrete
+attention on the fairseq models' ``fairseq_dnas.attention.discrete``.
 """
 
 try:

@@ -1,11 +1,15 @@
 """The attention function transformers calls for ``attn_implementation`` =
-"dnas", "hnas" (and "unas", the same plumbing with ordinary softmax, for tests).
+"dnas", "hnas", "discrete" (and "unas", the same plumbing with ordinary
+softmax, for tests).
 
 transformers hands every attention module's call to the function registered
 under the model's implementation name, with per-head ``query``, ``key``,
 ``value`` (B, H, T, D), a mask, ``scaling`` and ``dropout``. Bidirectional
-self-attention goes to ``kernels.attend``; causal self-attention and
-cross-attention go to transformers' own ``sdpa_attention_forward``.
+self-attention goes to ``kernels.attend`` (DNAS/HNAS) or to the fairseq
+models' discrete attention, ``attention.discrete.discrete_attention`` (J.
+Kinley, 2020, Section 4.1: the Gumbel-softmax relaxation in training, the
+argmax by index at inference); causal self-attention and cross-attention go
+to transformers' own ``sdpa_attention_forward``.
 """
 
 from typing import Optional
@@ -17,7 +21,14 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fairseq_dnas.attention import kernels
-from fairseq_dnas.attention.functional import SCHEMES
+from fairseq_dnas.attention.discrete import discrete_attention
+from fairseq_dnas.attention.functional import SCHEMES as KERNEL_SCHEMES
+
+DISCRETE = "discrete"
+SCHEMES = KERNEL_SCHEMES + (DISCRETE,)
+# The attributes ``enable`` sets on each bidirectional self-attention module
+# of a discrete model: the fairseq flags' names (--gumbel-temperature, --gumbel-hard).
+TEMPERATURE_ATTR, HARD_ATTR = "gumbel_temperature", "gumbel_hard"
 
 ROLE_ATTR = "dnas_role"  # set on each attention module by enable(): self, causal or cross
 CROSS_NAMES = ("encoder_attn", "crossattention", "cross_attention", "EncDecAttention")
@@ -99,6 +110,16 @@ def hybrid_weight(module, heads: int) -> Tensor:
     return torch.sigmoid(logit.float()).expand(heads)
 
 
+def discrete_settings(module) -> tuple:
+    """(tau, hard) that ``enable(model, scheme='discrete', ...)`` set on ``module``."""
+    if not hasattr(module, TEMPERATURE_ATTR):
+        raise ValueError(
+            f"attn_implementation 'discrete' needs the Gumbel settings on {type(module).__name__}: build or load the "
+            "model with fairseq_dnas.hf.enable(model, scheme='discrete') or fairseq_dnas.hf.from_pretrained(...)"
+        )
+    return float(getattr(module, TEMPERATURE_ATTR)), bool(getattr(module, HARD_ATTR, False))
+
+
 def attention_forward(
     scheme: str,
     module,
@@ -132,6 +153,13 @@ def attention_forward(
     batch, heads, length, head_dim = query.shape
     pad = key_padding_mask(attention_mask, batch, length)
     scale = head_dim**-0.5 if scaling is None else scaling
+    need_weights = bool(kwargs.get("output_attentions", False))
+    if scheme == DISCRETE:
+        # Eq. 4.1: each query and head takes one key; no attention dropout on a sample
+        tau, hard = discrete_settings(module)
+        out, weights = discrete_attention(query, key, value, scale=scale, tau=tau, hard=hard,
+                                          training=module.training, key_padding_mask=pad, need_weights=need_weights)
+        return out.transpose(1, 2).contiguous(), None if weights is None else weights.to(query.dtype)
     u = hybrid_weight(module, heads) if scheme == "hnas" else None
     out, weights = kernels.attend(
         query * scale,  # attend takes queries already scaled (Eq. 1's 1/sqrt(d))
@@ -141,7 +169,7 @@ def attention_forward(
         padding_mask=pad,
         hybrid_weight=u,
         dropout=_Dropout(dropout) if dropout > 0 else None,
-        need_weights=bool(kwargs.get("output_attentions", False)),
+        need_weights=need_weights,
     )
     return out.transpose(1, 2).contiguous(), weights
 
@@ -155,7 +183,7 @@ def _bind(scheme):
 
 
 def register() -> None:
-    """Register 'unas', 'dnas' and 'hnas' with transformers (idempotent).
+    """Register 'unas', 'dnas', 'hnas' and 'discrete' with transformers (idempotent).
 
     Both interfaces: without the mask function, transformers builds no mask
     for an unknown implementation and passes ``attention_mask=None``, so

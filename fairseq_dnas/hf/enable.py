@@ -1,9 +1,12 @@
-"""Switch a transformers model to DNAS/HNAS, and load one saved that way.
+"""Switch a transformers model to DNAS/HNAS or discrete attention, and load
+one saved that way.
 
 ``enable`` tags each attention module with its role, adds the HNAS logit
 ``hybrid_logit`` (the fairseq plugin's name) to each bidirectional
-self-attention module, records the settings in ``config.dnas`` (saved in
-config.json) and sets the attention implementation. ``from_pretrained``
+self-attention module (HNAS), or sets the Gumbel temperature and the
+straight-through switch on it (discrete: ``gumbel_temperature``,
+``gumbel_hard``, the fairseq flags' names), records the settings in
+``config.dnas`` (saved in config.json) and sets the attention implementation. ``from_pretrained``
 loads a model saved after ``enable``: transformers drops the weights its
 classes do not define, so the HNAS logits are read back from the files.
 """
@@ -17,8 +20,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from fairseq_dnas.attention.gumbel_schedule import check_temperature
 from fairseq_dnas.attention.hybrid import HYBRID_PER, hybrid_logit
-from fairseq_dnas.hf.attention import ROLE_ATTR, SCHEMES, infer_role, register
+from fairseq_dnas.hf.attention import DISCRETE, HARD_ATTR, ROLE_ATTR, SCHEMES, TEMPERATURE_ATTR, infer_role, register
 
 TESTED = "BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART (encoder)"
 LOGIT = "hybrid_logit"
@@ -88,12 +92,22 @@ def _num_heads(module, config) -> int:
     raise ValueError(f"cannot tell the number of heads of {type(module).__name__}")
 
 
-def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "head"):
-    """Make ``model``'s bidirectional self-attention DNAS or HNAS (in place; returns ``model``).
+def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "head",
+           gumbel_temperature: float = 1.0, gumbel_hard: bool = False):
+    """Make ``model``'s bidirectional self-attention DNAS, HNAS or discrete (in place; returns ``model``).
 
-    scheme: 'dnas', 'hnas' or 'unas' (softmax through the same code, for checks).
+    scheme: 'dnas', 'hnas', 'discrete' (J. Kinley, 2020: one key per query
+        and head, sampled from softmax(L)) or 'unas' (softmax through the
+        same code, for checks).
     hybrid_init: HNAS's initial u (paper: 0.5; 0.1 for Gigaword).
     per: 'head' (one u per layer and head) or 'layer' (one per layer).
+    gumbel_temperature: discrete only: tau of the relaxed sample in training
+        (fairseq's --gumbel-temperature; the thesis: 1). Set
+        ``module.gumbel_temperature`` on the attention modules to anneal it.
+    gumbel_hard: discrete only: straight-through, a one-hot forward with the
+        relaxed gradient (fairseq's --gumbel-hard).
+    In eval mode (``model.eval()``) discrete attention takes the argmax key
+    of each row, without noise.
 
     The implementation is set on ``model.config``: other models built from the
     same config object switch with it (give each its own copy).
@@ -102,6 +116,14 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "he
         raise ValueError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
     if per not in HYBRID_PER:
         raise ValueError(f"unknown per={per!r}: choose one of {', '.join(HYBRID_PER)}")
+    if scheme == DISCRETE:
+        try:
+            check_temperature(gumbel_temperature)
+        except ValueError:
+            raise ValueError(f"gumbel_temperature must be a finite number > 0 (the thesis uses 1); "
+                             f"got {gumbel_temperature!r}") from None
+        if not isinstance(gumbel_hard, bool):
+            raise ValueError(f"gumbel_hard must be True or False; got {gumbel_hard!r}")
     register()
     kind = type(model).__name__
     modules = attention_modules(model)
@@ -136,7 +158,16 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "he
                 )
         elif current is not None:
             delattr(module, LOGIT)
+        if scheme == DISCRETE:
+            setattr(module, TEMPERATURE_ATTR, float(gumbel_temperature))
+            setattr(module, HARD_ATTR, gumbel_hard)
+        else:
+            for attr in (TEMPERATURE_ATTR, HARD_ATTR):
+                if hasattr(module, attr):
+                    delattr(module, attr)
     model.config.dnas = {"scheme": scheme, "hybrid_init": hybrid_init, "per": per}
+    if scheme == DISCRETE:
+        model.config.dnas.update(gumbel_temperature=float(gumbel_temperature), gumbel_hard=gumbel_hard)
     model.set_attn_implementation(scheme)
     return model
 

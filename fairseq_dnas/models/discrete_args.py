@@ -23,7 +23,8 @@ modules through the model's ``set_num_updates`` (``apply_temperature``).
 from fairseq.logging import metrics
 from fairseq.utils import safe_getattr
 
-from fairseq_dnas.attention.discrete import DISCRETE_SCHEMES, SAMPLERS, GumbelSchedule, check_temperature
+from fairseq_dnas.attention.discrete import DISCRETE_SCHEMES, SAMPLERS
+from fairseq_dnas.attention.gumbel_schedule import GumbelSchedule, check_temperature
 from fairseq_dnas.attention.functional import check_sinkhorn_iters
 from fairseq_dnas.errors import BadFlag
 

@@ -36,7 +36,8 @@ from fairseq_dnas.models.discrete_args import (
     discrete_defaults,
     validate_discrete_args,
 )
-from fairseq_dnas.modules.two_stream import TwoStreamAttention, TwoStreamDecoder, TwoStreamEncoder
+from fairseq_dnas.modules.two_stream import TwoStreamDecoder, TwoStreamEncoder
+from fairseq_dnas.modules.two_stream_attention import TwoStreamAttention
 
 
 def add_two_stream_args(parser) -> None:

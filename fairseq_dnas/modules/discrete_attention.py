@@ -23,6 +23,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_dnas.attention import discrete as DA
+from fairseq_dnas.attention import gumbel_schedule as GS
 from fairseq_dnas.modules.dnas_multihead_attention import fairseq_weights
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -61,7 +62,7 @@ class DiscreteMultiheadAttention(MultiheadAttention):
             raise ValueError(f"unknown discrete scheme {scheme!r}; choose one of {', '.join(DA.DISCRETE_SCHEMES)}")
         if scheme == "dnas" and not self_attention:
             raise ValueError("the DNAS distribution needs every query: self-attention only")
-        DA.check_temperature(temperature)
+        GS.check_temperature(temperature)
         super().__init__(
             embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout, bias=bias,
             self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention,
@@ -197,6 +198,10 @@ class DiscreteMultiheadAttention(MultiheadAttention):
                 kv_bsz, 1, heads, src_len, head_dim).transpose(-1, -2)
             key_padding_mask = None if key_padding_mask is None else key_padding_mask.repeat_interleave(beam, 0)
 
+        if not self.training and self.sampler == "gumbel":
+            return self._argmax_forward(scores, v, key_padding_mask, attn_mask, kv_bsz, beam, need_weights,
+                                        need_head_weights)
+
         # Eq. 4.1: z_i ~ Categorical(softmax(L_i)), relaxed (training) or argmax (eval).
         probs = DA.discrete_probs(
             scores.view(bsz, heads, tgt_len, src_len),
@@ -226,3 +231,31 @@ class DiscreteMultiheadAttention(MultiheadAttention):
 
         return out, fairseq_weights(probs, need_weights, need_head_weights)
 
+    def _argmax_forward(self, scores: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                        attn_mask: Optional[Tensor], kv_bsz: int, beam: int, need_weights: bool,
+                        need_head_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """Inference: each row takes the value at z_i = argmax_j L_ij (Eq.
+        4.1, Section 1), gathered by index (``argmax_attention``), the same
+        output bit for bit as the one-hot product; the one-hot S is built
+        only for the callers that ask for it. scores as ``forward`` has
+        them, (B * H, T_q, T_k) or (B_kv, beam, H, T_q, T_k); v (B_kv * H,
+        T_k, D)."""
+        heads, head_dim = self.num_heads, self.head_dim
+        bsz, tgt_len, src_len = kv_bsz * beam, scores.size(-2), scores.size(-1)
+        logits = DA.distribution_logits(
+            scores.view(bsz, heads, tgt_len, src_len), scheme=self.discrete_scheme,
+            key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            query_padding_mask=key_padding_mask if self.discrete_scheme == "dnas" else None,
+            sinkhorn_iters=self.sinkhorn_iters,
+        )
+        # (B_kv, beam, H, ...): the beam's queries share their sentence's values
+        out, probs = DA.argmax_attention(
+            logits.view(kv_bsz, beam, heads, tgt_len, src_len), v.view(kv_bsz, 1, heads, src_len, head_dim),
+            need_weights=need_weights or self.keep_sample,
+        )
+        if probs is not None:
+            probs = probs.view(bsz, heads, tgt_len, src_len)
+        if self.keep_sample:
+            self.kept_sample = probs
+        out = out.reshape(bsz, heads, tgt_len, head_dim).permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
+        return self.out_proj(out), fairseq_weights(probs, need_weights, need_head_weights)
