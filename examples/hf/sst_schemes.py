@@ -4,9 +4,9 @@ their self-attention sdpa (transformers' own), DNAS, HNAS or discrete
 (``fairseq_dnas.hf.enable``): test accuracy, and Kendall's tau of the
 faithfulness metric (``python -m fairseq_dnas.commands.hf_faithfulness``).
 
-    python examples/hf/sst_schemes.py run --out /work/runs/hf-sst            # every scheme x seed (resumable)
-    python examples/hf/sst_schemes.py train --scheme discrete --seed 1 --out /work/runs/hf-sst
-    python examples/hf/sst_schemes.py table --out /work/runs/hf-sst          # tau (once per run), then the table
+    python examples/hf/sst_schemes.py run --out outputs/hf-sst            # every scheme x seed (resumable)
+    python examples/hf/sst_schemes.py train --scheme discrete --seed 1 --out outputs/hf-sst
+    python examples/hf/sst_schemes.py table --out outputs/hf-sst          # tau (once per run), then the table
 
 Data: the Jain & Wallace binary SST split (``--data-dir``, env SST_BINARY_DIR:
 train.tsv, dev.tsv, test.tsv with a 'sentence<TAB>label' header). The
@@ -33,12 +33,19 @@ import time
 
 SCHEMES = ("sdpa", "dnas", "hnas", "discrete")
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-DEFAULT_DATA = os.environ.get("SST_BINARY_DIR", "/work/shared/data/sst-binary")
+DEFAULT_DATA = os.environ.get("SST_BINARY_DIR")  # no default folder: the data is the user's
 FAITHFULNESS = "fairseq_dnas.commands.hf_faithfulness"
 
 
 def fail(message):
     sys.exit(f"error: {message}")
+
+
+def data_dir(args):
+    """--data-dir, or SST_BINARY_DIR; neither is a one-line error."""
+    if not args.data_dir:
+        fail("no data folder: pass --data-dir or set SST_BINARY_DIR to the folder with train.tsv, dev.tsv, test.tsv")
+    return args.data_dir
 
 
 def read_tsv(path):
@@ -113,7 +120,7 @@ def train(args):
         print(f"[sst] {folder}: done before, skipped", flush=True)
         return
     torch.set_num_threads(args.threads)
-    data = {split: read_tsv(os.path.join(args.data_dir, f"{split}.tsv")) for split in ("train", "dev", "test")}
+    data = {split: read_tsv(os.path.join(data_dir(args), f"{split}.tsv")) for split in ("train", "dev", "test")}
     if args.train_limit:
         data["train"] = tuple(x[:args.train_limit] for x in data["train"])
     tokenizer = train_tokenizer(data["train"][0], args.vocab_size)
@@ -209,7 +216,7 @@ def table(args):
     has_metric = importlib.util.find_spec(FAITHFULNESS) is not None
     if not has_metric:
         print(f"[sst] {FAITHFULNESS} is not in this tree: accuracy only", file=sys.stderr)
-    test_tsv = os.path.join(args.data_dir, "test.tsv")
+    test_tsv = os.path.join(data_dir(args), "test.tsv")
     print("| attention | seeds | test accuracy (%) | dev accuracy (%) | mean Kendall tau |")
     print("|---|---|---|---|---|")
     found = False
