@@ -31,6 +31,8 @@ def test_tiny_run_times_both_sections(tmp_path):
     for r in rows:
         assert math.isfinite(r["time_ratio"]) and r["time_ratio"] > 0 and r["median_s"] > 0, r
     assert {r["arch"] for r in rows if r["model"] != "transformer"} == {"transformer_discrete_single"}
+    assert all(r["sentences_per_s"] > 0 for r in rows if r["section"] == "generate")
+    assert json.loads(out.read_text())["settings"]["device"] == "cpu"
 
 
 def test_sections_and_device_are_checked():

@@ -34,7 +34,7 @@ SCRIPTS = {
     "bench_report.py": "test_benchmark.py::test_gpu_targets_read_the_kernels_alone_at_1024_positions",
     "bench_kernels.py": "test_benchmark.py::test_quick_kernels_section_times_long_short_and_sdpa",
     "bench_roberta.py": "test_benchmark_scripts.py::test_bench_roberta_session_command_on_cpu_at_tiny_size",
-    "bench_discrete.py": "test_benchmark_scripts.py::test_bench_discrete_smallest_size",
+    "bench_discrete.py": "test_bench_discrete.py::test_tiny_run_times_both_sections",
     "bench_two_stream.py": "test_benchmark_scripts.py::test_bench_two_stream_smallest_size",
     "bench_hf.py": "test_benchmark_scripts.py::test_bench_hf_quick",
     "gpu_quick.py": "test_benchmark_scripts.py::test_gpu_quick_dry_run_prints_the_plan_of_every_part",
@@ -98,19 +98,6 @@ def test_two_stream_parameters_take_the_transformers_of_the_same_name():
         "encoder.layers.0.self_attn.v_proj.weight")
     assert transformer_name("decoder.layers.1.model_fc1.weight") == "decoder.layers.1.fc1.weight"
     assert transformer_name("encoder.layers.0.self_attn.q_proj.weight") == "encoder.layers.0.self_attn.q_proj.weight"
-
-
-def test_bench_discrete_smallest_size(tmp_path):
-    """bench_discrete.py (hfdiscrete's file) with its current flags."""
-    out = tmp_path / "discrete.json"
-    _script("bench_discrete.py", *TINY_TRANSLATION, "--json", out)
-    res = json.loads(out.read_text())
-    rows = res["rows"]
-    assert {(r["section"], r["model"]) for r in rows} == {(s, m) for s in ("update", "generate")
-                                                          for m in ("transformer", "discrete_single")}
-    assert all(_positive(r["median_s"]) and _positive(r["time_ratio"]) for r in rows)
-    assert all(_positive(r["sentences_per_s"]) for r in rows if r["section"] == "generate")
-    assert res["settings"]["device"] == "cpu"
 
 
 @pytest.mark.parametrize("script", ["bench_two_stream.py", "bench_discrete.py", "bench_roberta.py"])
