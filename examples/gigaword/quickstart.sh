@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole Gigaword recipe on a CPU-sized slice, in about 9 minutes on 2 cores:
+# The whole Gigaword recipe on a CPU-sized slice, in about 5 minutes on 2 cores (docs/results, 2026-11-28):
 #
 #   bash scripts/install.sh && bash examples/gigaword/quickstart.sh
 #
@@ -12,7 +12,7 @@
 # Data: the sumdata folder in $GIGAWORD_DIR when set, else the public release
 # is downloaded (about 300 MB) into WORK_DIR. Python: $PYTHON, else the
 # repository's .venv (made by scripts/install.sh), else python3 on PATH.
-# Time: about 9 minutes on 2 CPU cores (training about 6.5 of them). Expect
+# Time: about 5 minutes on 2 idle CPU cores (training about 4.5 of them). Expect
 # ROUGE-1 about 20, below lead-8 (25.8): a smoke run, not a result.
 # Safe to re-run: finished steps are skipped, training resumes.
 set -euo pipefail

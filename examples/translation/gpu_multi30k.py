@@ -206,7 +206,7 @@ def check_device(size):
         raise Fail(f"PYTHON={python} cannot run ({err.strerror}): set PYTHON to an interpreter path")
     if check.returncode != 0:
         raise Fail(f"{python} lacks what the recipes need ({check.stdout.strip() or check.stderr.strip()[-200:]}): "
-                   f"on the GPU machine install the wheels (../shared/tools/device-wheels.sh, carry .whl, "
+                   f"on the GPU machine install the wheels (downloaded into .whl as examples/translation/README.md shows, carry .whl, "
                    f"begin the command with its install line); elsewhere run scripts/install.sh")
     os.environ["FAIRSEQ_DNAS_CHECKED_PYTHON"] = python  # every step's check_python: done once, here
     if size.device != "gpu":
