@@ -5,6 +5,7 @@ model finishes and one fails (reported, left out of the tables) and a
 re-run that skips the finished one; the whole tiny form (all six models, the
 tables, the probe) in the full tier."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -434,3 +435,30 @@ def test_bleu_table_reads_bleu_eval_results(tmp_path):
     (tmp_path / "rouge.bleu.json").write_text(json.dumps({"sentences": 3, "stemmed": {}}))
     with pytest.raises(ResultError, match="not a bleu_eval.py result"):
         table([str(tmp_path / "rouge.bleu.json")])
+
+
+H200_REPORT = os.path.join(ROOT, "docs", "results", "2026-11-28-h200-multi30k-de-en.raw")
+
+
+def test_the_h200_report_continues_on_the_next_machine(tmp_path):
+    """The report the first GPU command brought back (its record: 2026-11-28-h200-multi30k-de-en.md)
+    is what the next command continues from: its six finished runs are unpacked and not redone, the
+    table made from them is the record's, and the plan starts the missing de-en seed at its speed."""
+    data = fake_data(tmp_path / "d", "gpu")
+    work = tmp_path / "w"
+    runs = gpu_multi30k.plan(argparse.Namespace(
+        data=data, work=str(work), size="gpu", models=None), gpu_multi30k.SIZES["gpu"])
+    assert gpu_multi30k.continue_from(H200_REPORT, str(work), runs) == 6
+    assert sorted(r.name for r in runs if r.finished()) == sorted(
+        f"de-en {a} seed {s}" for a in ("transformer", "transformer_dnas", "transformer_hnas") for s in (1, 2))
+    (work / "runs.json").write_text(open(os.path.join(H200_REPORT, "runs.json")).read())
+    r = drive("table", "--size", "gpu", "--data", data, "--work", str(work))
+    assert r.returncode == 0, r.stderr
+    record = open(os.path.join(ROOT, "docs", "results", "2026-11-28-h200-multi30k-de-en.md")).read()
+    rows = [l for l in r.stdout.splitlines() if l.startswith("| test201")]
+    assert len(rows) == 6 and all(row in record for row in rows)
+    r = drive("run", "--size", "gpu", "--data", data, "--work", str(tmp_path / "w2"), "--budget-s", "450",
+              "--continue-from", H200_REPORT, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "18 runs (6 finished already)" in r.stderr and "plan: de-en wave of 3 runs" in r.stderr
+    assert "measured by an earlier command" in r.stderr

@@ -519,6 +519,9 @@ def worst_wave_s(size, pair, n_runs, speed):
     return rounds * worst_run_s(size, pair, speed, jobs) + (speed.analysis_s if pair == "en-de" else 0.0)
 
 
+RECENT = 4  # log intervals that make "the rate now" of a run
+
+
 def log_progress(folder):
     """What train.log says so far: updates, validations, the run's update time, each validation's
     seconds, the checkpoint writing seconds, and fairseq's own training time once it has finished.
@@ -527,8 +530,8 @@ def log_progress(folder):
     training alone: the median of those is the update time. An interval with a validation took longer by
     about that validation (with its checkpoint writes): its time less its updates at the pure rate."""
     path = os.path.join(folder, "train.log")
-    out = {"updates": 0, "validations": 0, "ms_per_update": None, "validation_s": [], "write_s": [],
-           "intervals": 0, "train_s": None}
+    out = {"updates": 0, "validations": 0, "ms_per_update": None, "recent_ms_per_update": None,
+           "validation_s": [], "write_s": [], "intervals": 0, "train_s": None}
     if not os.path.isfile(path):
         return out
     intervals, last, validated = [], 0, False  # (seconds, updates, a validation ran in it)
@@ -561,6 +564,8 @@ def log_progress(folder):
     pure = [sec / count for sec, count, v in intervals[1:] if not v]  # the first holds the warm-up
     if pure:
         out["ms_per_update"] = 1000.0 * statistics.median(pure)
+        # The rate now: while other runs start (CUDA contexts, data loading) the first minute is slower.
+        out["recent_ms_per_update"] = 1000.0 * statistics.median(pure[-RECENT:])
         per = statistics.median(pure)
         out["validation_s"] = [max(0.0, sec - count * per) for sec, count, v in intervals[1:] if v]
     return out
@@ -621,9 +626,10 @@ class Meter:
 
 
 def project_end(run, size, speed, jobs, now):
-    """When RUN would end if it trains to MAX_UPDATE at SPEED with JOBS sharing (its own rate if measured)."""
+    """When RUN would end if it trains to MAX_UPDATE: at its own rate now (the median of its last log
+    intervals without a validation) where it has one, else at SPEED with JOBS sharing."""
     p = log_progress(run.folder)
-    ms = max(p["ms_per_update"] or 0.0, speed.ms_at(jobs))
+    ms = p["recent_ms_per_update"] or speed.ms_at(jobs)
     left_updates = max(0, size.max_update - p["updates"])
     left_valid = max(0, n_validations(size) - p["validations"])
     startup = speed.startup_s if p["updates"] == 0 else 0.0
@@ -966,6 +972,14 @@ def archive_runs(work, runs, path):
             tar.add(log, arcname=os.path.relpath(log, work))
 
 
+def finished_in(report):
+    """(pair, arch, seed) of the runs an earlier report lists as finished."""
+    path = os.path.join(report, "runs.json")
+    if not os.path.isfile(path):
+        raise Fail(f"--continue-from {report}: no runs.json there (the --report folder of an earlier run)")
+    return {(f["pair"], f["arch"], f["seed"]) for f in json.load(open(path)).get("runs", []) if f.get("status") == "ok"}
+
+
 def continue_from(report, work, runs):
     """Unpacks the finished runs of an earlier report (REPORT/runs.json, REPORT/runs.tar.gz) into WORK,
     so that they are not redone; returns how many."""
@@ -973,8 +987,7 @@ def continue_from(report, work, runs):
     if not (os.path.isfile(meta_path) and os.path.isfile(archive)):
         raise Fail(f"--continue-from {report}: no runs.json and runs.tar.gz there (the --report folder of an "
                    f"earlier run)")
-    finished = {(f["pair"], f["arch"], f["seed"]) for f in json.load(open(meta_path)).get("runs", [])
-                if f.get("status") == "ok"}
+    finished = finished_in(report)
     wanted = {os.path.relpath(r.folder, work): r for r in runs
               if (r.pair, r.arch, r.seed) in finished and not r.finished()}
     count = set()
@@ -1083,8 +1096,9 @@ def main(argv=None):
         if args.continue_from and not args.dry_run:
             say(f"--continue-from {args.continue_from}: {continue_from(args.continue_from, work, runs)} "
                 f"finished runs taken from it")
+        carried = finished_in(args.continue_from) if args.continue_from and args.dry_run else set()
         for r in runs:
-            r.status = "ok" if r.finished() else "not started"
+            r.status = "ok" if r.finished() or (r.pair, r.arch, r.seed) in carried else "not started"
         todo = [r for r in runs if r.status != "ok"]
         say(f"{args.size}: {len(runs)} runs ({len(runs) - len(todo)} finished already), up to {size.jobs} at once "
             f"on {device}, budget {budget_s} s; stopping rule: {stopping_rule(size)}")
