@@ -364,6 +364,21 @@ def test_sigkill_at_start_and_after_a_run_leaves_a_report_and_the_next_machine_c
     assert [f["test2016"] for f in meta2["runs"]] == [f["test2016"] for f in done]
 
 
+def test_a_budget_that_ends_midway_stops_the_runs_and_says_so(tmp_path, tiny_de_en):
+    """A speed file that promises too much starts a wave the budget cannot hold: the deadline stops
+    its runs during training, and the report says so (no table from a stopped run)."""
+    fast = _speed_file(tmp_path / "speed.json", size="mini", jobs=2, ms_per_update=1.0, validation_s=0.1,
+                       startup_s=0.1, translate_s=0.1)
+    work = tmp_path / "work"
+    r = drive("run", "--size", "tiny", "--data", tiny_de_en, "--work", str(work), "--models", "de-en:transformer",
+              "--speed", fast, "--budget-s", "25")
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "plan: de-en wave of 1 runs" in r.stderr and "budget: deadline reached; stopping 1 running runs" in r.stderr
+    meta = json.load(open(work / "runs.json"))
+    assert [(f["status"], f["reason"]) for f in meta["runs"]] == [("stopped by the budget", "during train")]
+    assert "(no de-en run has finished)" in open(work / "tables.md").read()
+
+
 @pytest.mark.full
 def test_sigkill_at_three_random_moments_then_the_command_finishes(tmp_path, tiny_de_en):
     models = "de-en:transformer,de-en:transformer_dnas"
