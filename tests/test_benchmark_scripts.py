@@ -38,6 +38,7 @@ SCRIPTS = {
     "bench_two_stream.py": "test_benchmark_scripts.py::test_bench_two_stream_smallest_size",
     "bench_hf.py": "test_benchmark_scripts.py::test_bench_hf_quick",
     "gpu_quick.py": "test_benchmark_scripts.py::test_gpu_quick_dry_run_prints_the_plan_of_every_part",
+    "gpu_lean.py": "test_lean.py::test_gpu_lean_stand_in_writes_every_file",
     "gpu_dropout_mask.py": "test_benchmark_scripts.py::test_gpu_dropout_mask_interpreter_masks_on_cpu",
     "gpu_measure.sh": "test_benchmark.py::test_gpu_measure_names_its_steps_and_refuses_without_a_gpu",
     "gpu_train_fp16.sh": "test_benchmark_scripts.py::test_gpu_train_fp16_on_cpu_at_tiny_size",
@@ -270,10 +271,12 @@ def test_gpu_session_dry_run_prints_the_plan():
     proc = _session_dry_run(OUT="/nonexistent/out")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     steps = re.findall(r"^step (\w+): timeout (\d+) s: (.*) > /nonexistent/out/\1\.log$", proc.stdout, re.M)
-    assert [s[0] for s in steps] == ["exact", "breakdown", "roberta", "kernels", "module"]
+    assert [s[0] for s in steps] == ["exact", "lean", "breakdown", "roberta", "kernels", "module"]
     total = sum(int(s[1]) for s in steps)
-    assert total <= 450 and f"timeouts in all: {total} s" in proc.stdout
+    lean = int(dict((s[0], s[1]) for s in steps)["lean"])
+    assert lean <= 200 and total - lean <= 450 and f"timeouts in all: {total} s" in proc.stdout
     commands = {name: cmd for name, _, cmd in steps}
+    assert f"gpu_lean.py --out /nonexistent/out/lean --budget-s {lean - 40}" in commands["lean"]
     assert "gpu_quick.py --parts breakdown" in commands["breakdown"]
     assert "bench_roberta.py --device cuda --size base --length 512" in commands["roberta"]
     assert "--json /nonexistent/out/roberta.json" in commands["roberta"]
