@@ -78,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--lengths", help="comma-separated T (default 1024,4096,512,2048; stand-in 40)")
     p.add_argument("--dtypes", help="comma-separated from float16,bfloat16,float32 (default float16,bfloat16)")
     p.add_argument("--heads", help="comma-separated head sizes (default 64,128)")
+    p.add_argument("--schemes", help="comma-separated from dnas,hnas (default both)")
+    p.add_argument("--dropouts", help="comma-separated attention dropout probabilities (default 0,0.1)")
     p.add_argument("--no-exact", action="store_true", help="skip the exactness part")
     p.add_argument("--stand-in", action="store_true",
                    help="no GPU: run on CPU under Triton's interpreter at tiny sizes (proves the command runs)")
@@ -89,8 +91,17 @@ def parse_args(argv=None):
             plan["lengths"] = tuple(int(x) for x in args.lengths.split(",") if x)
         if args.heads:
             plan["heads"] = tuple(int(x) for x in args.heads.split(",") if x)
+        if args.dropouts:
+            plan["dropouts"] = tuple(float(x) for x in args.dropouts.split(",") if x)
     except ValueError:
-        p.error("--lengths and --heads take comma-separated integers, e.g. --lengths 1024,4096")
+        p.error("--lengths and --heads take comma-separated integers (e.g. --lengths 1024,4096), "
+                "--dropouts numbers (e.g. 0,0.1)")
+    if args.schemes:
+        plan["schemes"] = tuple(x for x in args.schemes.split(",") if x)
+    if not plan["schemes"] or any(x not in ("dnas", "hnas") for x in plan["schemes"]):
+        p.error(f"--schemes takes dnas and/or hnas; got {args.schemes!r}")
+    if not plan["dropouts"] or any(not 0.0 <= x < 1.0 for x in plan["dropouts"]):
+        p.error(f"--dropouts takes probabilities in [0, 1); got {args.dropouts!r}")
     if args.dtypes:
         plan["dtypes"] = tuple(x for x in args.dtypes.split(",") if x)
     bad = [d for d in plan["dtypes"] if d not in ("float16", "bfloat16", "float32")]

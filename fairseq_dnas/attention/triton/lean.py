@@ -334,7 +334,8 @@ def _lean_backward_kernel(
 
 
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
-    """Output, HNAS's O_D, c2, r2 (r2_u) and mu."""
+    """Output, HNAS's O_D, c2, r2 (r2_u) and mu. ``seed`` is None without
+    dropout (the kernels then read no seed: c2 stands in for the pointer)."""
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
     c2 = torch.empty((bsz, heads, tk), **f32)
@@ -353,7 +354,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
         )
         bm, bn, warps, stages = kernel_tile("lean_forward", d, q.dtype)
         _lean_forward_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c2, u if hybrid else c2, seed, out, o_d, r2, r2u, qpad_arg,
+            q, k, v, c2, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, qpad_arg,
             *strides(q), *strides(k), *strides(v), *strides(out), heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
             num_stages=stages, **meta,
@@ -387,7 +388,7 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu):
         )
         bm, bn, warps, stages = kernel_tile("lean_backward", d, q.dtype)
         _lean_backward_kernel[grid(tk, bn, bsz, heads)](
-            q, k, v, c2, u_arg, seed, do, r2, r2u, e_d, e_u, mu, dq32, dk, dv, du_part,
+            q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, e_d, e_u, mu, dq32, dk, dv, du_part,
             *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq32), *strides(dk), *strides(dv),
             heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, PRECISION=precision(q.dtype), INT64=int64,
@@ -439,6 +440,4 @@ def triton_attention(
         raise ValueError(f"the lean Triton kernels run one normalization round; sinkhorn_iters={sinkhorn_iters} "
                          "runs the long kernels (attention/triton/long.py)")
     kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
-    if seed is None:
-        seed = torch.zeros((1,), dtype=torch.int64, device=q.device)
     return TritonLeanAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed)
