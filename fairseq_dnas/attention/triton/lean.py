@@ -18,7 +18,8 @@ r2 = L r) and every probability is one exp2 of an FMA, 2^(L s - c2 - r2).
 Forward (2 launches)
     1. ``_lean_column_kernel`` (one program per key block):
            c2[j] = log2 sum_{real i} 2^(L s[i, j])        (Algorithm 1, step 4)
-       and, in the program of key block 0, which sweeps every query anyway,
+       and, in the program of key block 0 (a second loop over the queries,
+       out of the hot one),
            mu = mean of the real q_i                      (the centring of dk)
        so that no torch operation computes it.
     2. ``_lean_forward_kernel`` (one program per query block): online softmax of
@@ -91,24 +92,27 @@ def _lean_column_kernel(
     k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
     m = tl.full([BLOCK_N], NEG_INIT, tl.float32)
     l = tl.zeros([BLOCK_N], tl.float32)
-    q_sum = tl.zeros([BLOCK_D], tl.float32)
-    n_real = tl.zeros([BLOCK_M], tl.float32)
     for start_m in range(0, TQ, BLOCK_M):
         offs_m = offsets(start_m, BLOCK_M, INT64)
-        real_q = real(QPAD, b, offs_m, TQ, HAS_PAD)
-        q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, real_q, D)  # padded rows read 0
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E  # (N, M): L s transposed
-        s_t = tl.where(real_q[None, :], s_t, float("-inf"))  # padded queries stay out of c
+        q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
+        # padded queries and rows past T_q stay out of c: a bias of -inf, added in the FMA with L
+        q_bias = tl.where(real(QPAD, b, offs_m, TQ, HAS_PAD), 0.0, float("-inf"))
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E + q_bias[None, :]  # (N, M): L s^T
         m_new = tl.maximum(m, tl.max(s_t, 1))
         l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s_t - m_new[:, None]), 1)
         m = m_new
-        if pid_n == 0:  # this program sees every query: their mean for the backward's centring
-            q_sum += tl.sum(q.to(tl.float32), 0)
-            n_real += real_q.to(tl.float32)
     ok = real(KPAD, b, offs_n, TK, HAS_PAD) & (l > 0)
     c2 = tl.where(ok, m + tl.log2(tl.where(ok, l, 1.0)), float("inf"))
     tl.store(C2 + bh * TK + offs_n, c2, mask=offs_n < TK)
-    if pid_n == 0:
+    if pid_n == 0:  # this program's head: the mean real query, in a loop of its own (not in the one above)
+        q_sum = tl.zeros([BLOCK_D], tl.float32)
+        n_real = tl.zeros([BLOCK_M], tl.float32)
+        for start_m in range(0, TQ, BLOCK_M):
+            offs_m = offsets(start_m, BLOCK_M, INT64)
+            real_q = real(QPAD, b, offs_m, TQ, HAS_PAD)
+            q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, real_q, D)  # padded rows read 0
+            q_sum += tl.sum(q.to(tl.float32), 0)
+            n_real += real_q.to(tl.float32)
         tl.store(MU + bh * D + offs_d, q_sum / tl.maximum(tl.sum(n_real, 0), 1.0), mask=offs_d < D)
 
 
@@ -138,8 +142,9 @@ def _lean_forward_kernel(
     INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """out = pi V for one query block (long.py's forward in base 2): DNAS, the
-    softmax of L s - c2; HNAS, also the UNAS softmax of L s. Rows without
-    weight (padded queries, no real key) get r2 = +inf and output 0."""
+    softmax of L s - c2; HNAS, also the UNAS softmax of L s, and OD = O_D - O_U
+    in float32 (with OUT's strides). Rows without weight (padded queries, no real key)
+    get r2 = +inf and output 0."""
     pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
     offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -164,8 +169,8 @@ def _lean_forward_kernel(
             byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
         m_d, l_d, acc_d = _online_step2(m_d, l_d, acc_d, s * LOG2E - c2[None, :], v, byte, t_pair, DROPOUT,
                                         PRECISION)
-        if HYBRID:  # UNAS over the same scores, padded keys (c2 = inf) left out
-            s_u = tl.where(c2[None, :] < float("inf"), s * LOG2E, float("-inf"))
+        if HYBRID:  # UNAS over the same scores, padded keys (c2 = inf) left out by a bias of -inf
+            s_u = s * LOG2E + tl.where(c2 < float("inf"), 0.0, float("-inf"))[None, :]
             m_u, l_u, acc_u = _online_step2(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
     ok_d = real_q & (l_d > 0)
     l_d = tl.where(ok_d, l_d, 1.0)
@@ -177,7 +182,8 @@ def _lean_forward_kernel(
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
         tl.store(R2U + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log2(l_u), float("inf")), mask=offs_m < TQ)
-        store_tile(OD + b * so_b + h * so_h, o_d.to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
+        # O_D - O_U = d out / du: the backward's dL/du and E_D come from it (``_lean_preprocess_kernel``)
+        store_tile(OD + b * so_b + h * so_h, (o_d - o_u).to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
     else:
         out = o_d
@@ -191,14 +197,17 @@ def _lean_forward_kernel(
 
 @triton.jit
 def _lean_preprocess_kernel(
-    OUT, OD, DO, U, ED, EU, DQ, QPAD,
+    OUT, OD, DO, U, ED, EU, DU, DQ, QPAD,
     so_b, so_h, so_t, so_d, sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d,
     H, TQ, D,
     HYBRID: tl.constexpr, HAS_PAD: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """E_D[i] = u dO_i . O_D,i, E_U[i] = dO_i . out_i - E_D[i] (0 at padded
-    rows), and dq's float32 rows set to 0 for the atomic adds."""
+    rows), and dq's float32 rows set to 0 for the atomic adds. HNAS: from
+    OD = O_D - O_U, O_D = out + (1 - u) OD, and DU[i] = dO_i . (O_D - O_U)_i,
+    row i's share of dL/du (out = u O_D + (1 - u) O_U, O_D and O_U not
+    depending on u; dropout's Z' is inside both)."""
     pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
     offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -208,9 +217,11 @@ def _lean_preprocess_kernel(
     delta = tl.sum(do * out, 1)  # D_i = dO_i . out_i
     if HYBRID:
         u = tl.load(U + h)
-        o_d = load_tile(OD + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
-        e_d = u * tl.sum(do * o_d, 1)
+        diff = load_tile(OD + b * so_b + h * so_h, offs_m, offs_d, so_t, so_d, real_q, D).to(tl.float32)
+        du = tl.sum(do * diff, 1)  # dO_i . (O_D - O_U)_i
+        e_d = u * (delta + (1.0 - u) * du)  # u dO_i . O_D,i
         tl.store(EU + bh * TQ + offs_m, delta - e_d, mask=offs_m < TQ)
+        tl.store(DU + bh * TQ + offs_m, du, mask=offs_m < TQ)
     else:
         e_d = delta
     tl.store(ED + bh * TQ + offs_m, e_d, mask=offs_m < TQ)
@@ -233,7 +244,7 @@ def _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d, sdo_b
 
 @triton.jit
 def _lean_backward_kernel(
-    Q, K, V, C2, U, SEED, DO, R2, R2U, ED, EU, MU, DQ, DK, DV, DU,
+    Q, K, V, C2, U, SEED, DO, R2, R2U, ED, EU, MU, DQ, DK, DV,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d, sdk_b, sdk_h, sdk_t, sdk_d,
     sdv_b, sdv_h, sdv_t, sdv_d,
@@ -241,8 +252,8 @@ def _lean_backward_kernel(
     HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """dk, dv (and this key block's share of dL/du) of one key block, and its
-    share of dq added into the float32 DQ; tiles held as (keys, queries).
+    """dk and dv of one key block, and its share of dq added into the float32
+    DQ; tiles held as (keys, queries).
 
     Loop 1 needs no dP: sum_i t[i, j] = u v_j . dv_D,j - pe[j] (module
     docstring), so dc comes from two per-key sums. Loop 2 has every factor
@@ -277,13 +288,12 @@ def _lean_backward_kernel(
         if DROPOUT:
             p = dropped(p, dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N, True), t_pair)
         dv += tl.dot(p, do, input_precision=PRECISION)
-    vdv = tl.sum(v.to(tl.float32) * dv, 1) * scale  # v_j . dv_D,j = sum_i G[i, j] pi_D[i, j]
-    dc = pe - u * vdv  # dc[j] = -sum_i t[i, j]
+    dc = pe - u * scale * tl.sum(v.to(tl.float32) * dv, 1)  # dc[j] = -sum_i t[i, j] = pe[j] - u v_j . dv_D,j
     if HYBRID:
         dv *= u  # dv = u dv_D + (1 - u) dv_U: loop 2 adds the UNAS part
-        g_pu = tl.zeros([BLOCK_N], tl.float32)  # sum_i (G / scale)[i, j] pi_U[i, j]
         tu = tl.zeros([BLOCK_N], tl.float32)  # sum_i of the UNAS part of ds
         one_minus_u = 1.0 - u
+        key_bias = tl.where(c2 < float("inf"), 0.0, float("-inf"))  # pi_U: padded keys left out
 
     # Loop 2: ds, dk += ds^T (Q - mu), dq += ds K (atomic).
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -303,10 +313,9 @@ def _lean_backward_kernel(
         if HYBRID:
             r2u = tl.load(R2U + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
             e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            p_u = tl.where(c2[:, None] < float("inf"), tl.exp2(s_t * LOG2E - r2u[None, :]), 0.0)
+            p_u = tl.exp2(s_t * LOG2E + key_bias[:, None] - r2u[None, :])
             ds_u = p_u * (one_minus_u * scale * g - e_u[None, :])
             tu += tl.sum(ds_u, 1)
-            g_pu += tl.sum(g * p_u, 1)
             ds += ds_u
             pz = (one_minus_u * p_u).to(do.dtype)
             if DROPOUT:
@@ -320,8 +329,6 @@ def _lean_backward_kernel(
         tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < TQ) & (offs_d[None, :] < D), sem="relaxed")
     if HYBRID:
         dk += tu[:, None] * mu[None, :]
-        # dL/du = sum_ij G (pi_D - pi_U): this block's keys
-        tl.store(DU + bh * tl.cdiv(TK, BLOCK_N) + pid_n, tl.sum(vdv - scale * g_pu, 0))
     if DROPOUT:
         dv *= scale
     store_tile(DK + b * sdk_b + h * sdk_h, dk.to(DK.dtype.element_ty), offs_n, offs_d, sdk_t, sdk_d, TK, D)
@@ -334,7 +341,7 @@ def _lean_backward_kernel(
 
 
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
-    """Output, HNAS's O_D, c2, r2 (r2_u) and mu. ``seed`` is None without
+    """Output, HNAS's O_D - O_U, c2, r2 (r2_u) and mu. ``seed`` is None without
     dropout (the kernels then read no seed: c2 stands in for the pointer)."""
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -343,7 +350,9 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     r2 = torch.empty((bsz, heads, tq), **f32)
     r2u = torch.empty((bsz, heads, tq), **f32) if hybrid else r2
     out = output_buffer(q, v.dtype)
-    o_d = output_buffer(q, v.dtype) if hybrid else out
+    # HNAS: O_D - O_U in float32 (rounded to half precision, dL/du = sum_i dO_i . (O_D - O_U)_i would lose
+    # the float16 rounding of every term: 1e-2 of |dL/du| in the tests)
+    o_d = output_buffer(q, torch.float32) if hybrid else out
     qpad_arg, kpad_arg = pad_arg(qpad, q), pad_arg(kpad, q)
     meta = dict(PRECISION=precision(q.dtype), INT64=needs_int64(q, k, v, out), BLOCK_D=block_d(d))
     with on_device(q):
@@ -352,7 +361,7 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
             q, k, c2, mu, qpad_arg, kpad_arg, *strides(q), *strides(k), heads, tq, tk, d,
             HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
-        bm, bn, warps, stages = kernel_tile("lean_forward", d, q.dtype)
+        bm, bn, warps, stages = kernel_tile("lean_forward_hnas" if hybrid else "lean_forward", d, q.dtype)
         _lean_forward_kernel[grid(tq, bm, bsz, heads)](
             q, k, v, c2, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, qpad_arg,
             *strides(q), *strides(k), *strides(v), *strides(out), heads, tq, tk, d, threshold,
@@ -369,10 +378,9 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu):
     threshold = dropout_threshold(p_drop)
     hybrid, dropout = u is not None, threshold > 0
     f32 = dict(dtype=torch.float32, device=q.device)
-    bn_kv = kernel_tile("lean_backward", d, q.dtype)[1]
     e_d = torch.empty((bsz, heads, tq), **f32)
     e_u = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d
-    du_part = torch.empty((bsz, heads, -(-tk // bn_kv)), **f32) if hybrid else e_d
+    du_rows = torch.empty((bsz, heads, tq), **f32) if hybrid else e_d  # dL/du's share of each query
     # dq's float32 sums in q's layout when q is dense (as long.py's gradient buffers)
     dq32 = torch.empty_like(q, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -381,21 +389,21 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu):
     with on_device(q):
         bm, _, warps, _ = kernel_tile("lean_forward", d, q.dtype)
         _lean_preprocess_kernel[grid(tq, bm, bsz, heads)](
-            out, o_d, do, u_arg, e_d, e_u, dq32, pad_arg(qpad, q),
+            out, o_d, do, u_arg, e_d, e_u, du_rows, dq32, pad_arg(qpad, q),
             *strides(out), *strides(do), *strides(dq32), heads, tq, d,
             HYBRID=hybrid, HAS_PAD=qpad is not None, INT64=int64, BLOCK_M=bm, BLOCK_D=block_d(d),
             num_warps=warps, num_stages=STAGES,
         )
-        bm, bn, warps, stages = kernel_tile("lean_backward", d, q.dtype)
+        bm, bn, warps, stages = kernel_tile("lean_backward_hnas" if hybrid else "lean_backward", d, q.dtype)
         _lean_backward_kernel[grid(tk, bn, bsz, heads)](
-            q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, e_d, e_u, mu, dq32, dk, dv, du_part,
+            q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, e_d, e_u, mu, dq32, dk, dv,
             *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq32), *strides(dk), *strides(dv),
             heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, PRECISION=precision(q.dtype), INT64=int64,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d(d), num_warps=warps, num_stages=stages,
         )
     dq = dq32 if q.dtype == torch.float32 else dq32.to(q.dtype)
-    du = du_part.sum(dim=(0, 2)) if hybrid else None
+    du = du_rows.sum(dim=(0, 2)) if hybrid else None
     return dq, dk, dv, du
 
 
