@@ -388,9 +388,9 @@ def run_time(results, plan, device, deadline, rounds, profile_steps):
                 continue
             start = time.monotonic()
             try:
-                gen = torch.Generator().manual_seed(0)
+                gen = torch.Generator(device=device).manual_seed(0)  # drawn where they are used: no copies
                 dtype = getattr(torch, dtype_name)
-                q, k, v, g = (torch.randn((b, h, t, head), generator=gen).to(device, dtype) for _ in range(4))
+                q, k, v, g = (torch.randn((b, h, t, head), generator=gen, device=device).to(dtype) for _ in range(4))
                 q, k, v = (x.requires_grad_() for x in (q, k, v))
                 u = torch.full((h,), 0.5, device=device, requires_grad=True)
                 step = make_step(name, scheme, q, k, v, u, g, p)

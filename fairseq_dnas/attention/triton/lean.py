@@ -158,7 +158,11 @@ def _lean_forward_kernel(
         m_u = tl.full([BLOCK_M], NEG_INIT, tl.float32)
         l_u = tl.zeros([BLOCK_M], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, TK, BLOCK_N):
+    n_end = TK
+    if DROPOUT:  # at least one pass (adding 0 for T_k = 0), as long.py's _q_loop: no path that skips the
+        # loop, where LLVM would zero the accumulators again and ptxas then serializes every wgmma
+        n_end = tl.maximum(TK, 1)
+    for start_n in range(0, n_end, BLOCK_N):
         offs_n = offsets(start_n, BLOCK_N, INT64)
         k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
         v = load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
@@ -274,11 +278,14 @@ def _lean_backward_kernel(
         u = 1.0
     seed, scale, t_pair = dropout_setup(SEED, drop_threshold, DROPOUT)
     start_n = pid_n * BLOCK_N
+    m_end = TQ
+    if DROPOUT:  # at least one pass (as the forward): no wgmma serialized by ptxas
+        m_end = tl.maximum(TQ, 1)
 
     # Loop 1: dv_D = sum_i Z pi_D[i, j] dO_i (times scale after it), pe[j] = sum_i pi_D[i, j] E_D[i].
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     pe = tl.zeros([BLOCK_N], tl.float32)
-    for start_m in range(0, TQ, BLOCK_M):
+    for start_m in range(0, m_end, BLOCK_M):
         offs_m, r2, q, do, e_d = _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d,
                                               sdo_b, sdo_h, sdo_t, sdo_d, TQ, D, offs_d, INT64, BLOCK_M)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
@@ -298,7 +305,7 @@ def _lean_backward_kernel(
     # Loop 2: ds, dk += ds^T (Q - mu), dq += ds K (atomic).
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     u_g = u * scale
-    for start_m in range(0, TQ, BLOCK_M):
+    for start_m in range(0, m_end, BLOCK_M):
         offs_m, r2, q, do, e_d = _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d,
                                               sdo_b, sdo_h, sdo_t, sdo_d, TQ, D, offs_d, INT64, BLOCK_M)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
