@@ -20,9 +20,9 @@ Two parts, in this order:
   launches a step.
 
 Robust by construction: every configuration runs inside its own ``try``
-(an error is a row, and the run goes on); every row is appended to
-OUT/lean.jsonl as it is measured, and OUT/lean.json and OUT/lean.md are
-rewritten after every configuration, so that whatever stops the command
+(an error is a row, and the run goes on); every row is printed as a JSON
+line and appended to OUT/lean.jsonl as it is measured, and OUT/lean.json and
+OUT/lean.md are rewritten after every configuration, so that whatever stops the command
 leaves complete files for what was measured. --budget-s bounds the time:
 configurations that would start after it are recorded as skipped.
 
@@ -36,6 +36,7 @@ OUT/lean.md is the same as markdown tables.
     python benchmarks/gpu_lean.py --out gpu-lean --budget-s 100 --lengths 1024,4096
     python benchmarks/gpu_lean.py --dry-run                      # the plan, on any machine
     python benchmarks/gpu_lean.py --out /tmp/lean --stand-in     # without a GPU: Triton's interpreter, tiny sizes
+    python benchmarks/gpu_lean.py --render lean.log --out DIR    # lean.json and lean.md from a run's stdout
 
 ``--stand-in`` runs the same code on CPU tensors under Triton's interpreter
 (float16 and float32, head size 16, T 40): it proves the command runs end to
@@ -70,7 +71,9 @@ BUDGET_S = 150  # default: with imports and the last configuration, under 200 s 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="folder for lean.jsonl, lean.json and lean.md (created)")
+    p.add_argument("--out", help="folder for lean.jsonl, lean.json and lean.md (created; without it: stdout only)")
+    p.add_argument("--render", metavar="LOG", help="only write lean.json and lean.md into --out from the stdout "
+                                                  "of a run (e.g. gpu_session.sh's lean.log)")
     p.add_argument("--budget-s", type=float, default=BUDGET_S,
                    help=f"seconds after which no new configuration starts (default {BUDGET_S})")
     p.add_argument("--rounds", type=int, help="timed steps a case, median (default 10; stand-in 1)")
@@ -113,8 +116,10 @@ def parse_args(argv=None):
     args.profile_steps = args.profile_steps or (1 if args.stand_in else 3)
     if args.rounds < 1 or args.profile_steps < 1 or args.budget_s <= 0:
         p.error("--rounds, --profile-steps and --budget-s take positive numbers")
-    if not args.dry_run and not args.out:
-        p.error("--out FOLDER is needed (where the results go), e.g. --out gpu-lean")
+    if args.render and not args.out:
+        p.error("--render LOG needs --out FOLDER (where lean.json and lean.md go)")
+    if args.render and not os.path.isfile(args.render):
+        p.error(f"--render: no file {args.render}")
     args.plan = plan
     return args
 
@@ -151,29 +156,61 @@ def shape_of(plan, head, length):
 
 
 class Results:
-    """The rows, written as they come: OUT/lean.jsonl appended (flushed), and
+    """The rows, written as they come: one JSON line each on stdout (after a
+    first line with part "meta"; ``--render`` rebuilds the files from such a
+    log), and with an output folder OUT/lean.jsonl appended (flushed) and
     OUT/lean.json and OUT/lean.md rewritten whole (through a temporary file
     and a rename, so that a reader never sees half a file)."""
 
     def __init__(self, out, meta):
-        self.out, self.meta, self.rows = Path(out), meta, []
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "lean.jsonl").write_text("")
+        self.out, self.meta, self.rows = None if out is None else Path(out), meta, []
+        print(json.dumps(dict(part="meta", **meta)), flush=True)
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "lean.jsonl").write_text("")
 
     def add(self, **row):
         self.rows.append(row)
         line = json.dumps(row)
         print(line, flush=True)
-        with open(self.out / "lean.jsonl", "a") as f:
-            f.write(line + "\n")
-        self.write()
+        if self.out is not None:
+            with open(self.out / "lean.jsonl", "a") as f:
+                f.write(line + "\n")
+            self.write()
 
     def write(self, complete=False):
-        data = dict(self.meta, complete=complete, rows=self.rows, chosen=choose(self.rows))
-        for name, text in (("lean.json", json.dumps(data, indent=1)), ("lean.md", markdown(data))):
-            tmp = self.out / (name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, self.out / name)
+        if self.out is not None:
+            write_files(self.out, dict(self.meta, complete=complete, rows=self.rows, chosen=choose(self.rows)))
+
+
+def write_files(out, data):
+    """OUT/lean.json and OUT/lean.md of ``data`` (meta, complete, rows, chosen)."""
+    for name, text in (("lean.json", json.dumps(data, indent=1)), ("lean.md", markdown(data))):
+        tmp = Path(out) / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, Path(out) / name)
+
+
+def render(log, out):
+    """lean.json and lean.md from the stdout of a run (its JSON lines; other
+    lines skipped): what ``gpu_session.sh``'s lean.log holds."""
+    meta, rows, complete = {}, [], False
+    for line in Path(log).read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("part") == "meta":
+            meta = {k: v for k, v in row.items() if k != "part"}
+        elif row.get("part") == "done":
+            complete = True
+        elif "part" in row:
+            rows.append(row)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_files(out, dict(meta, complete=complete, rows=rows, chosen=choose(rows)))
+    return rows
 
 
 def head_class(head):
@@ -438,6 +475,10 @@ def plan_lines(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.render:
+        rows = render(args.render, args.out)
+        print(f"gpu_lean.py: {len(rows)} rows from {args.render}; wrote {Path(args.out) / 'lean.json'} and lean.md")
+        return 0
     if args.stand_in:
         os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined: before they are imported
     import torch
@@ -471,6 +512,7 @@ def main(argv=None) -> int:
     run_time(results, args.plan, device, deadline, args.rounds, args.profile_steps)
     run_exact(results, rest, deadline)
     results.write(complete=True)
+    print(json.dumps(dict(part="done", seconds=round(time.monotonic() - t0, 1))), flush=True)
     rows = results.rows
     exact_rows = [r for r in rows if r["part"] == "exact"]
     timed = [r for r in rows if r["part"] == "time" and r.get("gpu_ms") is not None]
@@ -479,7 +521,9 @@ def main(argv=None) -> int:
     bad = [r for r in exact_rows if not r.get("ok")]
     print(f"lean: exact {len(exact_rows) - len(bad)} of {len(exact_rows)} ok; timed {len(timed)} cases, "
           f"{len(skipped)} skipped (budget {args.budget_s:g} s), {len(errors)} errors; "
-          f"{time.monotonic() - t0:.0f} s; wrote {Path(args.out) / 'lean.json'} and lean.md", flush=True)
+          f"{time.monotonic() - t0:.0f} s" + (f"; wrote {Path(args.out) / 'lean.json'} and lean.md" if args.out
+                                              else "; --render this output for lean.json and lean.md"),
+          flush=True)
     return 1 if bad or errors else 0
 
 

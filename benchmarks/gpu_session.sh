@@ -6,9 +6,11 @@
 # cut-short session still brings back the new figures:
 #
 #   exact      gpu_quick.py --parts exact       every kernel configuration `auto` runs, against float64
-#   lean       gpu_lean.py --out OUT/lean       the lean kernels: exact on the GPU, and timed against the
-#                                               long kernels and SDPA (the table selection.LEAN_CHOSEN reads);
-#                                               its T_LEAN (190 s) comes on top of the 445 s above
+#   lean       gpu_lean.py                      the lean kernels: exact on the GPU, and timed against the
+#                                               long kernels and SDPA (JSON lines in lean.log; `gpu_lean.py
+#                                               --render lean.log --out DIR` writes the table
+#                                               selection.LEAN_CHOSEN reads); its T_LEAN (190 s) comes on
+#                                               top of the 445 s above
 #   breakdown  gpu_quick.py --parts breakdown   each kernel's GPU time in one forward + backward of the
 #                                               long kernels (DNAS, HNAS) and SDPA at T 1024
 #   roberta    bench_roberta.py --device cuda   a masked-LM training update, fp16, roberta_dnas_base and
@@ -69,7 +71,7 @@ step_timeout() { case "$1" in exact) echo "$T_EXACT" ;; lean) echo "$T_LEAN" ;; 
 step_command() {
   case "$1" in
     breakdown) echo "$PYTHON benchmarks/gpu_quick.py --parts breakdown --breakdown-steps $BREAKDOWN_STEPS" ;;
-    lean) echo "$PYTHON benchmarks/gpu_lean.py --out $OUT/lean --budget-s $(( T_LEAN - 40 ))" ;;
+    lean) echo "$PYTHON benchmarks/gpu_lean.py --budget-s $(( T_LEAN - 40 ))" ;;
     roberta) echo "$PYTHON benchmarks/bench_roberta.py --device cuda $ROBERTA_ARGS --json $OUT/roberta.json" ;;
     *) echo "$PYTHON benchmarks/gpu_quick.py --parts $1" ;;
   esac

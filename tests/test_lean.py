@@ -327,7 +327,7 @@ def test_gpu_lean_dry_run_prints_the_plan():
 
 
 @pytest.mark.parametrize("args,message", [
-    ((), "--out FOLDER is needed"), (("--out", "x", "--dtypes", "float64"), "--dtypes takes"),
+    (("--render", "x.log"), "--render LOG needs --out"), (("--out", "x", "--dtypes", "float64"), "--dtypes takes"),
     (("--out", "x", "--schemes", "unas"), "--schemes takes"), (("--out", "x", "--lengths", "a"), "comma-separated"),
 ])
 def test_gpu_lean_bad_arguments_are_one_line(args, message):
@@ -343,11 +343,12 @@ def test_gpu_lean_refuses_without_a_gpu(tmp_path):
     assert r.returncode == 2 and "torch sees no CUDA device" in r.stderr and not os.listdir(tmp_path)
 
 
-def test_gpu_lean_stand_in_writes_every_file(tmp_path, monkeypatch):
+def test_gpu_lean_stand_in_writes_every_file(tmp_path, monkeypatch, capsys):
     """The stand-in run (Triton's interpreter): one exactness row per lean
     configuration, each set timed, lean.json's ``chosen`` readable by
     ``selection.read_lean_table``; a set that raises is an error row and the
-    run goes on; configurations past the budget are skipped rows."""
+    run goes on; ``--render`` rebuilds the same files from the printed
+    lines; configurations past the budget are skipped rows."""
     import gpu_lean
 
     real = gpu_lean.make_step
@@ -370,6 +371,10 @@ def test_gpu_lean_stand_in_writes_every_file(tmp_path, monkeypatch):
     assert by_set["lean"]["gpu_ms"] > 0 and by_set["sdpa"]["gpu_ms"] > 0
     assert by_set["long"]["error"] == "RuntimeError: a long-kernel failure"
     assert "## Exactness of the lean kernels" in (out / "lean.md").read_text()
+    log = tmp_path / "lean.log"
+    log.write_text(capsys.readouterr().out)
+    assert gpu_lean.main(["--render", str(log), "--out", str(tmp_path / "rendered")]) == 0
+    assert json.loads((tmp_path / "rendered" / "lean.json").read_text()) == data
 
     monkeypatch.setattr(gpu_lean, "make_step", real)
     code = gpu_lean.main(["--stand-in", "--out", str(out), "--no-exact", "--schemes", "dnas", "--dropouts", "0",
@@ -394,3 +399,24 @@ def test_read_lean_table_says_what_to_fix(tmp_path):
     path.write_text("[]")
     with pytest.raises(ValueError, match='"chosen" list'):
         selection.read_lean_table(str(path))
+
+
+# --- the compiler's view (sm_90, no GPU needed) ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
+@pytest.mark.full  # compiles 22 variants (a few minutes on 2 cores)
+def test_lean_kernels_compile_for_sm90_within_the_tile_rule():
+    """The lean kernels compiled for an H100 as the JIT specializes a real call
+    (benchmarks/triton_spills.py --lean 1): every variant of fp16 at head
+    size 64 without a register spill, every matmul on wgmma or mma.sync and
+    none serialized by ptxas; bf16 at head size 128 within the tile rule
+    (at most 64 bytes of spills, 99 KB of shared memory)."""
+    from test_triton_tiles import _compile
+
+    lean = ("--short", "0", "--lean", "1", "--sinkhorn", "1")
+    seen, summary = _compile("fp16:64", *lean, "--max-stack", "0")
+    assert {kernel for _, kernel, _ in seen} == {"lean_column", "lean_forward", "lean_preprocess", "lean_backward"}
+    assert len(seen) == 11 and "0 with a stack" in summary and "0 with wgmma serialized" in summary, summary
+    seen, summary = _compile("bf16:128", *lean)
+    assert len(seen) == 11 and "0 with wgmma serialized" in summary, summary
