@@ -220,9 +220,13 @@ def head_class(head):
 def choose(rows):
     """``selection.read_lean_table``'s entries: per (kind, head class, scheme,
     band) the set (lean or long) with the smaller GPU time summed over the
-    cases where both were measured, with those sums."""
+    cases where both were measured, with those sums; never 'lean' where an
+    exactness row of that kind, head class and scheme failed (``exact``
+    False)."""
     from fairseq_dnas.attention import selection
 
+    inexact = {("float32" if r["dtype"] == "float32" else "half", head_class(r["head"]), r["scheme"])
+               for r in rows if r.get("part") == "exact" and not r.get("ok")}
     timed = {}
     for r in rows:
         if r.get("part") == "time" and r.get("gpu_ms") is not None:
@@ -236,7 +240,8 @@ def choose(rows):
         entry[0] += ms
         entry[1] += timed[(dtype, head, scheme, dropout, t, "long")]
         entry[2] += 1
-    return [dict(kind=k[0], head=k[1], scheme=k[2], band=k[3], set="lean" if lean < long else "long",
+    return [dict(kind=k[0], head=k[1], scheme=k[2], band=k[3],
+                 set="lean" if lean < long and k[:3] not in inexact else "long", exact=k[:3] not in inexact,
                  lean_gpu_ms=round(lean, 4), long_gpu_ms=round(long, 4), lean_x_long=round(lean / long, 3),
                  cases=n)
             for k, (lean, long, n) in sorted(sums.items())]
@@ -302,7 +307,10 @@ def markdown(data) -> str:
         for c in data["chosen"]:
             lines.append(f"| {c['kind']} | {c['head']} | {c['scheme']} | {c['band']} | {c['set']} "
                          f"| {c['lean_x_long']:.3f} | {c['cases']} |")
-        lines.append("")
+        lean = [c for c in data["chosen"] if c["set"] == "lean"]
+        lines += ["", "As `selection.LEAN_CHOSEN` (with this run's dated record named beside it):", "", "```python",
+                  "LEAN_CHOSEN = {" + ", ".join(f"({c['kind']!r}, {c['head']}, {c['scheme']!r}, {c['band']}): 'lean'"
+                                                for c in lean) + "}", "```", ""]
     kernel_rows = [r for r in rows if r["part"] == "time" and r.get("kernels")]
     if kernel_rows:
         lines += ["## Each kernel's GPU time a step (ms, profiler)", "",

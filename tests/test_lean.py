@@ -420,3 +420,13 @@ def test_lean_kernels_compile_for_sm90_within_the_tile_rule():
     assert len(seen) == 11 and "0 with a stack" in summary and "0 with wgmma serialized" in summary, summary
     seen, summary = _compile("bf16:128", *lean)
     assert len(seen) == 11 and "0 with wgmma serialized" in summary, summary
+
+
+def test_gpu_lean_never_chooses_an_inexact_lean_set():
+    import gpu_lean
+
+    rows = [dict(part="time", dtype="float16", head=64, scheme=scheme, dropout=0.0, T=1024, set=s, gpu_ms=ms)
+            for scheme in ("dnas", "hnas") for s, ms in (("lean", 1.0), ("long", 2.0))]
+    rows.append(dict(part="exact", dtype="bfloat16", head=64, scheme="hnas", dropout=True, ok=False))
+    chosen = {c["scheme"]: (c["set"], c["exact"]) for c in gpu_lean.choose(rows)}
+    assert chosen == {"dnas": ("lean", True), "hnas": ("long", False)}
