@@ -1,5 +1,5 @@
-"""DNAS/HNAS attention as Triton kernels in two passes over the scores each
-way: the lean kernel set (any length, one normalization round).
+"""DNAS/HNAS attention as Triton kernels, two launches forward and three
+backward: the lean kernel set (any length, one normalization round).
 
 The same results as ``long.py`` (the same dropout mask for the same seed),
 computed with fewer passes: 2 launches forward, 3 backward, against long.py's
@@ -24,12 +24,15 @@ Forward (2 launches)
        so that no torch operation computes it.
     2. ``_lean_forward_kernel`` (one program per query block): online softmax of
        L s - c2 over the key blocks (DNAS, row lse r2) and, for HNAS, of L s
-       (UNAS, r2_u); out = u O_D + (1 - u) O_U (step 5, Eq. 12). Dropout as in
-       long.py (``dropout.py``: the mask of (seed, b H + h, i, j)).
+       (UNAS, r2_u); out = u O_D + (1 - u) O_U (step 5, Eq. 12), and for the
+       backward O_D - O_U in float32. Dropout as in long.py (``dropout.py``:
+       the mask of (seed, b H + h, i, j)).
 
 Backward (3 launches; dO the upstream gradient, Z' = Z / (1 - p),
 G = Z' (dO V^T), E_D[i] = u dO_i . O_D,i, E_U[i] = dO_i . out_i - E_D[i])
-    0. ``_lean_preprocess_kernel``: E_D, E_U, and a zeroed float32 dq.
+    0. ``_lean_preprocess_kernel``: E_D, E_U, a zeroed float32 dq and, for
+       HNAS, each query's share of dL/du = sum_i dO_i . (O_D - O_U)_i (out is
+       linear in u; O_D = out + (1 - u) (O_D - O_U) gives E_D).
     1. ``_lean_backward_kernel`` (one program per key block), two loops over
        the query blocks:
          loop 1: pi_D = 2^(L s - c2 - r2) (the normalizers known: no running
@@ -38,17 +41,19 @@ G = Z' (dO V^T), E_D[i] = u dO_i . O_D,i, E_U[i] = dO_i . out_i - E_D[i])
          loop 2: pi_D and dP again, and
            ds = pi_D (u G - E_D + 2^r2 dc)  [+ pi_U ((1 - u) G - E_U)]
            dk += ds^T (Q - mu), dq += ds K  (float32 atomic add)
-           HNAS: dv += (1 - u) (Z pi_U)^T dO and sum_i G pi_U for dL/du.
+           HNAS: dv += (1 - u) (Z pi_U)^T dO, and the UNAS part's column
+           sum of ds for dk's mu term.
        Six matmuls per block pair (K Q^T and (Z P)^T dO; K Q^T, V dO^T, ds^T Q
        and ds K), two exp2 for DNAS (one a loop); no dc buffer, no
        query-major pass.
     2. dq to the input dtype (one torch copy; none for float32), and HNAS's
-       dL/du summed over the key blocks and the batch (one torch sum).
+       dL/du summed over the queries and the batch (one torch sum).
 
 Padding, strides and tiles as in long.py: c2 = +inf at padded keys and past
 T_k, r2 = +inf at padded queries, so no mask is loaded in the loops; every
 tensor is read and written with its own strides; tiles from ``tiles.py``
-(entries ``lean_column``, ``lean_forward``, ``lean_backward``).
+(entries ``lean_column``, ``lean_forward``, ``lean_backward``, and
+``lean_forward_hnas``, ``lean_backward_hnas`` for HNAS's larger register need).
 """
 
 from typing import Optional
