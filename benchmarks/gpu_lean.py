@@ -164,12 +164,14 @@ class Results:
 
     def __init__(self, out, meta):
         self.out, self.meta, self.rows = None if out is None else Path(out), meta, []
+        self.t0 = time.monotonic()
         print(json.dumps(dict(part="meta", **meta)), flush=True)
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "lean.jsonl").write_text("")
 
     def add(self, **row):
+        row["elapsed_s"] = round(time.monotonic() - self.t0, 1)  # progress: seconds since the start
         self.rows.append(row)
         line = json.dumps(row)
         print(line, flush=True)
