@@ -6,6 +6,11 @@
 # cut-short session still brings back the new figures:
 #
 #   exact      gpu_quick.py --parts exact       every kernel configuration `auto` runs, against float64
+#   lean       gpu_lean.py                      the lean kernels: exact on the GPU, and timed against the
+#                                               long kernels and SDPA (JSON lines in lean.log; `gpu_lean.py
+#                                               --render lean.log --out DIR` writes the table
+#                                               selection.LEAN_CHOSEN reads); its T_LEAN (190 s) comes on
+#                                               top of the 445 s above
 #   breakdown  gpu_quick.py --parts breakdown   each kernel's GPU time in one forward + backward of the
 #                                               long kernels (DNAS, HNAS) and SDPA at T 1024
 #   roberta    bench_roberta.py --device cuda   a masked-LM training update, fp16, roberta_dnas_base and
@@ -40,6 +45,7 @@ PYTHON="${PYTHON:-python3}"                # the GPU machine's Python 3.12 with 
 WHEELS="${WHEELS:-.whl}"                   # the carried wheels (relative to the repository root)
 SITE="${SITE:-/tmp/site}"                  # where they are installed
 T_EXACT="${T_EXACT:-90}"                   # seconds each step may take
+T_LEAN="${T_LEAN:-190}"                    # (gpu_lean.py stops starting configurations 40 s before it)
 T_BREAKDOWN="${T_BREAKDOWN:-45}"
 T_ROBERTA="${T_ROBERTA:-100}"
 T_KERNELS="${T_KERNELS:-80}"
@@ -59,17 +65,18 @@ case "${1:-}" in
   *) echo "gpu_session.sh: unknown argument '$1' (only --dry-run or --help)" >&2; exit 2 ;;
 esac
 
-STEPS=(exact breakdown roberta kernels module)
-step_timeout() { case "$1" in exact) echo "$T_EXACT" ;; breakdown) echo "$T_BREAKDOWN" ;;
+STEPS=(exact lean breakdown roberta kernels module)
+step_timeout() { case "$1" in exact) echo "$T_EXACT" ;; lean) echo "$T_LEAN" ;; breakdown) echo "$T_BREAKDOWN" ;;
   roberta) echo "$T_ROBERTA" ;; kernels) echo "$T_KERNELS" ;; module) echo "$T_MODULE" ;; esac; }
 step_command() {
   case "$1" in
     breakdown) echo "$PYTHON benchmarks/gpu_quick.py --parts breakdown --breakdown-steps $BREAKDOWN_STEPS" ;;
+    lean) echo "$PYTHON benchmarks/gpu_lean.py --budget-s $(( T_LEAN - 40 ))" ;;
     roberta) echo "$PYTHON benchmarks/bench_roberta.py --device cuda $ROBERTA_ARGS --json $OUT/roberta.json" ;;
     *) echo "$PYTHON benchmarks/gpu_quick.py --parts $1" ;;
   esac
 }
-for t in "$T_EXACT" "$T_BREAKDOWN" "$T_ROBERTA" "$T_KERNELS" "$T_MODULE" "$BREAKDOWN_STEPS"; do
+for t in "$T_EXACT" "$T_LEAN" "$T_BREAKDOWN" "$T_ROBERTA" "$T_KERNELS" "$T_MODULE" "$BREAKDOWN_STEPS"; do
   if ! [[ "$t" =~ ^[1-9][0-9]*$ ]]; then
     echo "gpu_session.sh: timeouts and BREAKDOWN_STEPS take positive integers; got '$t'" >&2
     exit 2
@@ -150,6 +157,7 @@ print('torch', torch.__version__, 'triton', triton.__version__, 'fairseq', fairs
     case "$step" in
       exact) echo "exact: $(grep -c '"ok": true' "$OUT/exact.log") configurations ok," \
                   "$(grep -c '"ok": false' "$OUT/exact.log") not" ;;
+      lean) grep '^lean: ' "$OUT/lean.log" || true ;;
       breakdown) grep '(all kernels)' "$OUT/breakdown.log" ;;
       roberta) grep -E '^\| roberta|^target' "$OUT/roberta.log" ;;
       *) grep '"part": "'"$step"' done"' "$OUT/$step.log" ;;

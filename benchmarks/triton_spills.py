@@ -44,6 +44,8 @@ instructions come from.
                                                                # at length 100 what selection.py picks:
                                                                # the one-tile kernels where SHORT_MAX allows
     python benchmarks/triton_spills.py --compare before.json after.json   # two --json runs side by side
+    python benchmarks/triton_spills.py --short 0 --lean 1 --sinkhorn 1 --json lean.json   # the lean kernels
+    python benchmarks/triton_spills.py --sets long.json lean.json       # instructions a score, set by set
 
 Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
@@ -148,6 +150,8 @@ def capture(case, args, sinkhorn_iters):
             warps.update(forward=args.short_warps, backward=args.short_warps)
     saved_env = os.environ.get(selection.SHORT_ENV)
     os.environ[selection.SHORT_ENV] = args.short
+    saved_lean = os.environ.get(selection.LEAN_ENV)
+    os.environ[selection.LEAN_ENV] = args.lean
     F.GPU_TILES[F.tile_case(head, torch_dtype)].update(args.tiles)
     jit = JitCapture()
     original = JITFunction.run
@@ -181,6 +185,10 @@ def capture(case, args, sinkhorn_iters):
             os.environ.pop(selection.SHORT_ENV, None)
         else:
             os.environ[selection.SHORT_ENV] = saved_env
+        if saved_lean is None:
+            os.environ.pop(selection.LEAN_ENV, None)
+        else:
+            os.environ[selection.LEAN_ENV] = saved_lean
     return list(jit.jobs.values())
 
 
@@ -325,7 +333,64 @@ def markdown_table(rows):
 
 
 KERNEL_ORDER = ("column", "forward", "backward_preprocess", "backward_kv", "backward_q", "short_forward",
-                "short_backward")
+                "short_backward", "lean_column", "lean_forward", "lean_preprocess", "lean_backward")
+# Kernels whose every loop runs in full in each program (the lean backward's two
+# loops over the query blocks): their instructions a score are the sum of the
+# loops', where other kernels count their longest loop.
+EVERY_LOOP_RUNS = ("lean_backward",)
+
+
+def score_cost(row):
+    """(instructions, MUFU.EX2) a score element of one kernel variant: its
+    longest loop's, or the sum over its loops for ``EVERY_LOOP_RUNS``; (0, 0)
+    for a kernel without a loop over scores (the preprocess)."""
+    loops = row.get("loops_per_score") or []
+    if not loops:
+        return 0.0, 0.0
+    if row["kernel"] in EVERY_LOOP_RUNS:
+        return sum(n for n, _ in loops), sum(e for _, e in loops)
+    return max((tuple(x) for x in loops), key=lambda x: x[0])
+
+
+def set_of(kernel):
+    kernel = kernel.replace("column_lse", "column")
+    if kernel.startswith("lean_"):
+        return "lean"
+    return "short" if kernel.startswith("short_") else "long"
+
+
+def sets_table(rows):
+    """Markdown: per case, scheme and dropout, each kernel set's instructions
+    and exponentials a score element summed over its kernels (forward +
+    backward, one normalization round), the largest register count and
+    spill, and whether every matmul is on wgmma; then each kernel's
+    figures. The column pass, shared by both schemes, counts in both."""
+    sums = {}
+    for r in rows:
+        if r["flags"].get("SINKHORN") or r["flags"].get("HAS_BIAS"):
+            continue
+        kernel = r["kernel"].replace("column_lse", "column")
+        schemes = ("DNAS", "HNAS") if "HYBRID" not in r["flags"] else (("HNAS",) if r["flags"]["HYBRID"] else ("DNAS",))
+        dropouts = (False, True) if "DROPOUT" not in r["flags"] else (bool(r["flags"]["DROPOUT"]),)
+        n, e = score_cost(r)
+        for scheme in schemes:
+            for dropout in dropouts:
+                entry = sums.setdefault((r["case"], scheme, dropout, set_of(kernel)), dict(
+                    instr=0.0, ex2=0.0, regs=0, stack=0, kinds=set(), kernels=[]))
+                entry["instr"] += n
+                entry["ex2"] += e
+                entry["regs"] = max(entry["regs"], r["registers"])
+                entry["stack"] = max(entry["stack"], r["stack"])
+                entry["kinds"].add(r["kind"])
+                entry["kernels"].append(f"{kernel} {r['tile']}/{r['warps']}w {n:.1f}")
+    out = ["| case | scheme | dropout | set | instr./score (all kernels) | ex2/score | max registers "
+           "| max spill (B) | matmuls | each kernel: tile, instr./score |", "|" + " --- |" * 10]
+    for key in sorted(sums):
+        s = sums[key]
+        kinds = "/".join(sorted(k for k in s["kinds"] if k != "-")) or "-"
+        out.append(f"| {key[0]} | {key[1]} | {'0.1' if key[2] else '0'} | {key[3]} | {s['instr']:.1f} "
+                   f"| {s['ex2']:.2f} | {s['regs']} | {s['stack']} | {kinds} | {'; '.join(s['kernels'])} |")
+    return "\n".join(out)
 
 
 def compare_table(before, after):
@@ -375,6 +440,12 @@ def main(argv=None):
     p.add_argument("--short", choices=selection.SHORT_MODES, default="auto",
                    help="FAIRSEQ_DNAS_TRITON_SHORT for the calls: auto (default: lengths up to "
                         "selection.SHORT_MAX run the one-tile kernels, triton/short.py) or 0 (never)")
+    p.add_argument("--lean", choices=selection.LEAN_MODES, default="auto",
+                   help="FAIRSEQ_DNAS_TRITON_LEAN for the calls: 1 compiles the lean kernels (triton/lean.py) "
+                        "where the long ones would run, 0 never, auto (default) as selection.LEAN_CHOSEN says")
+    p.add_argument("--sets", nargs="+", metavar="RUN.json",
+                   help="only print each kernel set's instructions a score summed over its kernels, from "
+                        "--json runs (e.g. one with --short 0 --lean 0 and one with --short 0 --lean 1)")
     p.add_argument("--short-warps", type=int, choices=(4, 8),
                    help="compile the one-tile kernels with this many warps instead of SHORT_WARPS'")
     p.add_argument("--length", type=int, default=100,
@@ -402,6 +473,9 @@ def main(argv=None):
     if args.compare:
         before, after = (json.loads(Path(path).read_text())["rows"] for path in args.compare)
         print(compare_table(before, after))
+        return 0
+    if args.sets:
+        print(sets_table([row for path in args.sets for row in json.loads(Path(path).read_text())["rows"]]))
         return 0
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")

@@ -191,6 +191,26 @@ def speed_lines(figures, dtype: torch.dtype, sizes: Dict[str, int], repeats: int
     return lines
 
 
+def longer_kernels(selection) -> str:
+    """Which kernel set runs the inputs the one-tile kernels do not take: the
+    long kernels, or the lean ones where ``FAIRSEQ_DNAS_TRITON_LEAN`` or a
+    GPU's measurements (``selection.LEAN_CHOSEN``) choose them."""
+    env = selection.LEAN_ENV
+    if selection.deterministic():
+        return ("long (any length, any Sinkhorn iterations; torch.use_deterministic_algorithms(True) "
+                "runs them, bitwise repeatable, and never the lean kernels)")
+    mode = selection.lean_mode()
+    if mode == "1":
+        return f"lean (${env}=1; long for Sinkhorn iterations > 1)"
+    if mode == "0":
+        return f"long (any length, any Sinkhorn iterations; ${env}=0: never the lean kernels)"
+    if selection.LEAN_CHOSEN:
+        chosen = sorted(k for k, name in selection.LEAN_CHOSEN.items() if name == "lean")
+        return ("lean where selection.LEAN_CHOSEN chose it (" + ", ".join(f"{kind}:{head} {scheme} T<={band}"
+                for kind, head, scheme, band in chosen) + "), else long")
+    return f"long (any length, any Sinkhorn iterations; the lean kernels run when ${env}=1 asks)"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     print("fairseq_dnas.check: the Triton attention kernels against Algorithm 1 in float64")
@@ -212,7 +232,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     short = ("short for inputs up to selection.SHORT_MAX (T <= 128, half precision)"
              if selection.short_mode() == "auto" else f"no one-tile kernels (${selection.SHORT_ENV}=0)")
-    print(f"kernels: {short}, else long (any length, any Sinkhorn iterations)")
+    print(f"kernels: {short}, else {longer_kernels(selection)}")
 
     dtypes = list(args.dtypes)
     if args.interpret and "bfloat16" in dtypes:

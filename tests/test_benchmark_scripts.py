@@ -38,6 +38,7 @@ SCRIPTS = {
     "bench_two_stream.py": "test_benchmark_scripts.py::test_bench_two_stream_smallest_size",
     "bench_hf.py": "test_benchmark_scripts.py::test_bench_hf_quick",
     "gpu_quick.py": "test_benchmark_scripts.py::test_gpu_quick_dry_run_prints_the_plan_of_every_part",
+    "gpu_lean.py": "test_lean.py::test_gpu_lean_stand_in_writes_every_file",
     "gpu_dropout_mask.py": "test_benchmark_scripts.py::test_gpu_dropout_mask_interpreter_masks_on_cpu",
     "gpu_measure.sh": "test_benchmark.py::test_gpu_measure_names_its_steps_and_refuses_without_a_gpu",
     "gpu_train_fp16.sh": "test_benchmark_scripts.py::test_gpu_train_fp16_on_cpu_at_tiny_size",
@@ -270,10 +271,12 @@ def test_gpu_session_dry_run_prints_the_plan():
     proc = _session_dry_run(OUT="/nonexistent/out")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     steps = re.findall(r"^step (\w+): timeout (\d+) s: (.*) > /nonexistent/out/\1\.log$", proc.stdout, re.M)
-    assert [s[0] for s in steps] == ["exact", "breakdown", "roberta", "kernels", "module"]
+    assert [s[0] for s in steps] == ["exact", "lean", "breakdown", "roberta", "kernels", "module"]
     total = sum(int(s[1]) for s in steps)
-    assert total <= 450 and f"timeouts in all: {total} s" in proc.stdout
+    lean = int(dict((s[0], s[1]) for s in steps)["lean"])
+    assert lean <= 200 and total - lean <= 450 and f"timeouts in all: {total} s" in proc.stdout
     commands = {name: cmd for name, _, cmd in steps}
+    assert f"gpu_lean.py --budget-s {lean - 40}" in commands["lean"]
     assert "gpu_quick.py --parts breakdown" in commands["breakdown"]
     assert "bench_roberta.py --device cuda --size base --length 512" in commands["roberta"]
     assert "--json /nonexistent/out/roberta.json" in commands["roberta"]
@@ -318,6 +321,7 @@ case "$1" in
       module) echo '{"part": "module done", "seconds": 1}' ;;
     esac ;;
   benchmarks/bench_roberta.py) echo "| roberta | 0.1 |"; echo "target roberta_dnas: wall time x1.0" ;;
+  benchmarks/gpu_lean.py) echo '{"part": "meta"}'; echo "lean: exact 16 of 16 ok; timed 160 cases" ;;
   *) exit 3 ;;
 esac
 """
@@ -345,13 +349,15 @@ def test_gpu_session_runs_each_step_under_its_timeout_and_logs_it(tmp_path):
     assert log == proc.stdout
     assert "--target " + str(tmp_path / "site") in (fake.parent / "pip.args").read_text()
     assert [s for s in re.findall(r"^== \[\d+ s\] (\w+) \(timeout", log, re.M)] == [
-        "exact", "breakdown", "roberta", "kernels", "module"]
+        "exact", "lean", "breakdown", "roberta", "kernels", "module"]
+    assert "lean: exact 16 of 16 ok" in log
     assert "exact: 2 configurations ok, 0 not" in log and '"kernel": "(all kernels)"' in log
     assert "target roberta_dnas: wall time x1.0" in log and '"part": "module done"' in log
     assert "kernels: cut at its timeout of 1 s" in log and "module: exit 0" in log
     assert log.rstrip().endswith("done; steps that failed or were cut: kernels")
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["breakdown.log", "exact.log", "kernels.log", "module.log", "roberta.log", "session.log"]
+    assert files == ["breakdown.log", "exact.log", "kernels.log", "lean.log", "module.log", "roberta.log",
+                     "session.log"]
 
 
 @pytest.mark.parametrize("argv, env, status, message", [

@@ -8,7 +8,7 @@ chain, in the order it runs (CUDA, ``auto``, DNAS or HNAS):
       dispatch.resolve                      -> Decision, built once:
         selection.dropout_p(dropout)          the drop probability (0.0: drops nothing)
         selection.choose(...)                 the rules: path, Triton kernel set, forced?
-        selection.attention_function(set)     short.triton_attention or long.triton_attention
+        selection.attention_function(set)     short, long or lean .triton_attention
         selfcheck.config_of(...)              what the first-use check covers ('auto' only)
         selection.fallback_path(...)          what runs if the kernels are off ('auto' only)
       kernels._run_triton(decision, ...)
@@ -36,7 +36,7 @@ class Decision:
     """Everything a call needs to run, fixed before it runs.
 
     ``path``: 'materialized', 'dense', 'flash', 'blockwise' or 'triton'.
-    With 'triton': ``kernels`` the kernel set ('short' or 'long'),
+    With 'triton': ``kernels`` the kernel set ('short', 'long' or 'lean'),
     ``function`` its ``triton_attention``, ``dropout_p`` the probability the
     kernels drop with (0.0: no dropout), ``checked`` the configuration of
     the first-use check (None: the path was forced by name, no check and no

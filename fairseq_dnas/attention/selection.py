@@ -13,7 +13,11 @@ Names: a *path* (``PATHS``) is how ``kernels.attend`` computes a call;
 'flash' is the CPU path on PyTorch's own flash-attention kernels
 (``fused.py``). A *kernel set* (``KERNEL_SETS``) is a file of Triton kernels
 under ``attention/triton/`` that the path 'triton' runs: 'short' (one tile a
-head) or 'long' (any length).
+head), 'long' (any length) or 'lean' (any length, one normalization round,
+fewer passes; its dq sums with atomic adds, so it is not bitwise repeatable).
+'lean' runs where ``FAIRSEQ_DNAS_TRITON_LEAN=1`` asks for it, or where
+``LEAN_CHOSEN`` (filled from a GPU's measurements) chose it; never under
+``torch.use_deterministic_algorithms(True)``.
 """
 
 import dataclasses
@@ -31,11 +35,23 @@ PATH_ENV = "FAIRSEQ_DNAS_ATTENTION_PATH"
 # The Triton kernel sets, named after their files in attention/triton/: one
 # tile a head for short inputs, and the long-sequence kernels (any length, any
 # number of Sinkhorn rounds).
-KERNEL_SETS = ("short", "long")
+KERNEL_SETS = ("short", "long", "lean")
 # Former names of kernel sets: an error that says the new one, not a silent guess.
 RENAMED_KERNEL_SETS = {"flash": "long"}
 SHORT_ENV = "FAIRSEQ_DNAS_TRITON_SHORT"
 SHORT_MODES = ("auto", "0")  # auto: the one-tile kernels wherever SHORT_MAX allows; 0: never
+LEAN_ENV = "FAIRSEQ_DNAS_TRITON_LEAN"
+# auto: the lean kernels where LEAN_CHOSEN says so; 1: wherever the long ones would run; 0: never
+LEAN_MODES = ("auto", "1", "0")
+# Length bands of LEAN_CHOSEN: the longer of T_q, T_k up to 512, 1024, 2048, and beyond (the last).
+LEAN_BANDS = (512, 1024, 2048, 4096)
+# Where ``auto`` runs the lean kernels (triton/lean.py) instead of the long
+# ones: {(input kind, head size class, scheme, band): "lean"}, the set a GPU's
+# clock chose (benchmarks/gpu_lean.py measures both and writes this table;
+# ``read_lean_table`` reads its JSON). Empty: no GPU has timed the lean
+# kernels yet, so ``auto`` keeps the long kernels everywhere and the lean ones
+# run only when FAIRSEQ_DNAS_TRITON_LEAN=1 asks for them.
+LEAN_CHOSEN = {}
 # The longest T_q, T_k the one-tile kernels (triton/short.py) take, by input
 # kind (half: float16/bfloat16), head size class and scheme; 0: never. A CTA
 # holds the whole score block, at most short.BLOCK_MAX (128) a side. In half
@@ -71,7 +87,7 @@ DENSE_MAX_LEN = _env_length("FAIRSEQ_DNAS_DENSE_MAX_LEN", 160)
 class Choice:
     """What a call runs: ``path`` is 'materialized', 'dense', 'flash',
     'blockwise' or 'triton'; with 'triton', ``kernels`` names the kernel set
-    ('short' or 'long') and ``forced`` says the path was asked for by name
+    ('short', 'long' or 'lean') and ``forced`` says the path was asked for by name
     (then never checked, never a fallback: failures are errors)."""
 
     path: str
@@ -132,19 +148,89 @@ def short_max(head_dim: int, dtype: torch.dtype, scheme: str = "dnas") -> int:
     return SHORT_MAX["float32" if dtype == torch.float32 else "half", 64 if head_dim <= 64 else 128, scheme]
 
 
+def lean_mode() -> str:
+    """``FAIRSEQ_DNAS_TRITON_LEAN``: 'auto' (default), '1' or '0'; another
+    value raises ValueError naming these."""
+    value = os.environ.get(LEAN_ENV, "auto") or "auto"
+    if value not in LEAN_MODES:
+        raise ValueError(f"${LEAN_ENV}={value!r} is not allowed; choose one of {', '.join(LEAN_MODES)} "
+                         "(auto: the lean kernels where a GPU's measurements chose them, selection.LEAN_CHOSEN; "
+                         "1: wherever the long kernels would run; 0: never)")
+    return value
+
+
+def lean_band(length: int) -> int:
+    """The ``LEAN_BANDS`` entry of a length: the first bound >= it, the last for anything longer."""
+    return next((bound for bound in LEAN_BANDS if length <= bound), LEAN_BANDS[-1])
+
+
+def lean_key(length: int, head_dim: int, dtype: torch.dtype, scheme: str) -> Tuple[str, int, str, int]:
+    """The ``LEAN_CHOSEN`` key of a call: (input kind, head size class, scheme, band)."""
+    return ("float32" if dtype == torch.float32 else "half", 64 if head_dim <= 64 else 128, scheme,
+            lean_band(length))
+
+
+def deterministic() -> bool:
+    """Whether torch must run deterministic algorithms (``torch.use_deterministic_algorithms``):
+    then the long kernels, whose sums are bitwise repeatable, run instead of the lean ones."""
+    return torch.are_deterministic_algorithms_enabled()
+
+
+def lean_instead_of_long(sinkhorn_iters: int, length: int, head_dim: int, dtype: torch.dtype, scheme: str) -> bool:
+    """Whether a call the long kernels would run takes the lean ones: one
+    Sinkhorn round, no deterministic algorithms, and FAIRSEQ_DNAS_TRITON_LEAN=1
+    or (auto) ``LEAN_CHOSEN`` naming 'lean' for its key."""
+    mode = lean_mode()
+    if mode == "0" or sinkhorn_iters != 1 or deterministic():
+        return False
+    return mode == "1" or LEAN_CHOSEN.get(lean_key(length, head_dim, dtype, scheme)) == "lean"
+
+
 def kernel_set(sinkhorn_iters: int, tq: int, tk: int, head_dim: int, dtype: torch.dtype, scheme: str) -> str:
     """'short' where both lengths are at most ``short_max`` and one Sinkhorn
-    round runs (unless ``FAIRSEQ_DNAS_TRITON_SHORT=0``), else 'long'."""
+    round runs (unless ``FAIRSEQ_DNAS_TRITON_SHORT=0``); else 'lean' where
+    ``lean_instead_of_long`` says so, else 'long'."""
     if short_mode() == "auto" and sinkhorn_iters == 1 and max(tq, tk) <= short_max(head_dim, dtype, scheme):
         return "short"
-    return "long"
+    return "lean" if lean_instead_of_long(sinkhorn_iters, max(tq, tk), head_dim, dtype, scheme) else "long"
 
 
 def kernel_sets(sinkhorn_iters: int, head_dim: int, dtype: torch.dtype, scheme: str) -> Tuple[str, ...]:
     """Every kernel set a call of this configuration may run, shortest inputs
     first (what ``python -m fairseq_dnas.check`` checks)."""
-    short = kernel_set(sinkhorn_iters, 1, 1, head_dim, dtype, scheme) == "short"
-    return ("short", "long") if short else ("long",)
+    sets = ["short"] if kernel_set(sinkhorn_iters, 1, 1, head_dim, dtype, scheme) == "short" else []
+    for bound in LEAN_BANDS:  # every band of the lengths beyond the one-tile kernels
+        if bound > short_max(head_dim, dtype, scheme) or short_mode() == "0" or sinkhorn_iters != 1:
+            name = "lean" if lean_instead_of_long(sinkhorn_iters, bound, head_dim, dtype, scheme) else "long"
+            if name not in sets:
+                sets.append(name)
+    return tuple(sets)
+
+
+def read_lean_table(path: str) -> dict:
+    """``LEAN_CHOSEN``'s entries from the JSON that benchmarks/gpu_lean.py
+    writes: {"chosen": [{"kind": "half", "head": 64, "scheme": "dnas",
+    "band": 1024, "set": "lean"}, ...], ...}. Raises ValueError saying what
+    to fix."""
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it as JSON ({e}); give the file benchmarks/gpu_lean.py wrote") from None
+    rows = data.get("chosen") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f'{path}: expected an object with a "chosen" list (what benchmarks/gpu_lean.py writes)')
+    table = {}
+    for row in rows:
+        key = (row.get("kind"), row.get("head"), row.get("scheme"), row.get("band")) if isinstance(row, dict) else None
+        if (key is None or key[0] not in ("half", "float32") or key[1] not in (64, 128)
+                or key[2] not in ("dnas", "hnas") or key[3] not in LEAN_BANDS or row.get("set") not in ("lean", "long")):
+            raise ValueError(f"{path}: bad entry {row!r}: kind half/float32, head 64/128, scheme dnas/hnas, "
+                             f"band one of {', '.join(map(str, LEAN_BANDS))}, set lean/long")
+        table[key] = row["set"]
+    return table
 
 
 def check_kernel_set(kernels: str) -> str:
@@ -165,6 +251,8 @@ def attention_function(kernels: str) -> Callable[..., Tensor]:
     test's monkeypatch of ``<set>.triton_attention`` is what runs."""
     if check_kernel_set(kernels) == "short":
         from fairseq_dnas.attention.triton import short as module
+    elif kernels == "lean":
+        from fairseq_dnas.attention.triton import lean as module
     else:
         from fairseq_dnas.attention.triton import long as module
     return module.triton_attention

@@ -70,7 +70,7 @@ class Config:
     sinkhorn_iters: int
     padding: bool
     tf32: bool = False  # float32 products on TF32 tensor cores (torch's allow_tf32)
-    kernels: str = "long"  # which Triton kernel set (selection.KERNEL_SETS): short or long
+    kernels: str = "long"  # which Triton kernel set (selection.KERNEL_SETS): short, long or lean
 
     def __post_init__(self):
         selection.check_kernel_set(self.kernels)  # a former name ('flash') is an error saying the new one

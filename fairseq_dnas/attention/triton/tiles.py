@@ -40,16 +40,29 @@ MAX_HEAD_DIM = 128
 # for FAIRSEQ_DNAS_TRITON_TILES (below), which replaces any of these entries.
 # Under the interpreter: 16 x 16 tiles (tl.dot's minimum), so that short test
 # sequences span several blocks and ragged tails.
+# lean_*: the lean kernels (triton/lean.py), untimed: chosen by the same rule
+# from benchmarks/triton_spills.py --lean 1 under Triton 3.9, the largest
+# tile by fewest instructions a score (docs/results/2026-11-28-sm90-compiler-lean.md);
+# HNAS's forward and backward have entries of their own (*_hnas), since their
+# second accumulator takes the registers DNAS's larger tiles need.
 GPU_TILES = {
     # timed on an H100 (benchmarks/triton_tiles.py; the figures: docs/results/)
     ("half", 64): dict(column=(64, 128, 8), forward=(64, 64, 4), backward_kv=(32, 128, 8),
-                       backward_q=(64, 32, 4), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4)),
+                       backward_q=(64, 32, 4), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 4),
+                       lean_column=(128, 64, 4), lean_forward=(128, 128, 8), lean_backward=(64, 128, 8),
+                       lean_forward_hnas=(128, 64, 8), lean_backward_hnas=(32, 128, 8)),
     ("half", 128): dict(column=(128, 128, 8), forward=(64, 32, 8), backward_kv=(32, 32, 8),
-                        backward_q=(128, 16, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 8)),
+                        backward_q=(128, 16, 8), sinkhorn_reduce=(64, 64, 4), sinkhorn_ds=(64, 64, 8),
+                        lean_column=(128, 64, 4), lean_forward=(64, 64, 4), lean_backward=(64, 32, 4),
+                        lean_forward_hnas=(128, 32, 8), lean_backward_hnas=(16, 64, 4)),
     ("float32", 64): dict(column=(64, 32, 8), forward=(16, 32, 8), backward_kv=(16, 32, 8),
-                          backward_q=(32, 32, 8), sinkhorn_reduce=(64, 32, 8), sinkhorn_ds=(64, 32, 8)),
+                          backward_q=(32, 32, 8), sinkhorn_reduce=(64, 32, 8), sinkhorn_ds=(64, 32, 8),
+                          lean_column=(64, 32, 8), lean_forward=(16, 32, 8), lean_backward=(16, 32, 8),
+                          lean_forward_hnas=(16, 32, 8), lean_backward_hnas=(16, 32, 8)),
     ("float32", 128): dict(column=(16, 32, 8), forward=(16, 16, 8), backward_kv=(16, 16, 8),
-                           backward_q=(32, 32, 8), sinkhorn_reduce=(16, 32, 8), sinkhorn_ds=(64, 16, 8)),
+                           backward_q=(32, 32, 8), sinkhorn_reduce=(16, 32, 8), sinkhorn_ds=(64, 16, 8),
+                           lean_column=(16, 32, 8), lean_forward=(16, 16, 8), lean_backward=(16, 16, 8),
+                           lean_forward_hnas=(16, 16, 8), lean_backward_hnas=(16, 16, 8)),
 }
 INTERPRETER_TILES = dict.fromkeys(GPU_TILES["half", 64], (16, 16, 1))
 STAGES = 2
