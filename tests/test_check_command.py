@@ -43,9 +43,9 @@ def test_interpret_checks_the_kernels_and_skips_bfloat16():
     assert "bfloat16: skipped: Triton's interpreter computes bfloat16 tl.dot wrongly" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith(("dnas ", "hnas "))]
     assert all(line.endswith(" ok") and " float16 " in line for line in rows), r.stdout
-    # float16 at head size 64: the one-tile kernels (short inputs) beside the long kernels, per scheme
+    # float16 at head size 64: the one-tile kernels (short inputs) beside the lean kernels (selection.LEAN_CHOSEN)
     assert [line.split()[:1] + line.split()[5:6] for line in rows] == [
-        ["dnas", "short"], ["dnas", "long"], ["hnas", "short"], ["hnas", "long"]], r.stdout
+        ["dnas", "short"], ["dnas", "lean"], ["hnas", "short"], ["hnas", "lean"]], r.stdout
     assert "all 4 configurations agree with the float64 reference" in r.stdout
 
 

@@ -237,17 +237,31 @@ def deterministic():
     torch.use_deterministic_algorithms(before)
 
 
-@pytest.mark.parametrize("value,expect", [(None, "long"), ("auto", "long"), ("", "long"), ("1", "lean"),
+LEAN_RECORD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results",
+                           "2026-11-28-h200-lean-kernels.raw", "lean.json")
+
+
+def test_lean_chosen_is_the_h200_records_choice():
+    """selection.LEAN_CHOSEN is the table benchmarks/gpu_lean.py chose on the H200
+    (docs/results/2026-11-28-h200-lean-kernels.md), every entry exact there."""
+    import json
+
+    assert selection.LEAN_CHOSEN == selection.read_lean_table(LEAN_RECORD)
+    assert all(row["exact"] for row in json.load(open(LEAN_RECORD))["chosen"])
+
+
+@pytest.mark.parametrize("value,expect", [(None, "lean"), ("auto", "lean"), ("", "lean"), ("1", "lean"),
                                           ("0", "long")])
-def test_lean_runs_only_when_asked_by_name(value, expect, monkeypatch):
-    """Until a GPU's measurements fill LEAN_CHOSEN, auto keeps the long kernels."""
+def test_lean_runs_where_the_clock_chose_it_or_when_asked(value, expect, monkeypatch):
+    """auto runs the lean kernels where LEAN_CHOSEN (the H200 record) chose them: half precision,
+    every band; =1 everywhere the long kernels would run; =0 never."""
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
     if value is None:
         monkeypatch.delenv(selection.LEAN_ENV, raising=False)
     else:
         monkeypatch.setenv(selection.LEAN_ENV, value)
-    assert selection.LEAN_CHOSEN == {}
+    assert selection.choose(_FakeCuda(1024, dtype=F32)).kernels == ("lean" if value == "1" else "long")
     for t in (129, 1024, 8192):
         assert selection.choose(_FakeCuda(t)) == selection.Choice("triton", expect)
         assert selection.choose(_FakeCuda(t), scheme="hnas", path="triton") == selection.Choice("triton", expect, True)

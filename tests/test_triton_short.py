@@ -24,7 +24,7 @@ from fairseq_dnas.attention import kernels, selection, selfcheck
 from fairseq_dnas.modules import DNASMultiheadAttention
 
 short = pytest.importorskip("fairseq_dnas.attention.triton.short", reason="triton is not installed")
-from fairseq_dnas.attention.triton import long  # noqa: E402 (after the skip)
+from fairseq_dnas.attention.triton import lean, long  # noqa: E402 (after the skip)
 from triton_checks import (DEVICE, F16, F32, _inputs, _masks, check_against_float64,  # noqa: E402
                            check_bitwise_repeatable, check_exactness, check_head_size, check_same_as_long,
                            check_strided_views)
@@ -119,7 +119,7 @@ class _FakeCuda:
 
 
 @pytest.mark.parametrize("value,length,expect", [
-    (None, 128, "short"), ("auto", 128, "short"), (None, 129, "long"), ("0", 20, "long"), ("", 20, "short"),
+    (None, 128, "short"), ("auto", 128, "short"), (None, 129, "lean"), ("0", 20, "lean"), ("", 20, "short"),
 ])
 def test_selection_reads_the_variable(value, length, expect, monkeypatch):
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
@@ -133,16 +133,19 @@ def test_selection_reads_the_variable(value, length, expect, monkeypatch):
     assert selection.kernel_set(1, length, length, 64, F32, "dnas") == "long"  # float32 spills on sm_90: never
     assert selection.choose(_FakeCuda(length)) == selection.Choice("triton", expect)  # what auto runs on CUDA
     assert selection.choose(_FakeCuda(length), path="triton") == selection.Choice("triton", expect, forced=True)
-    assert selection.attention_function(expect) is {"short": short, "long": long}[expect].triton_attention
+    assert selection.attention_function(expect) is {"short": short, "lean": lean}[expect].triton_attention
 
 
-def test_auto_runs_long_where_short_does_not_apply(monkeypatch):
+def test_auto_runs_the_longer_kernels_where_short_does_not_apply(monkeypatch):
+    """Half precision beyond the one-tile lengths: the lean kernels (selection.LEAN_CHOSEN, an H200's
+    choice); Sinkhorn rounds and float32: the long ones."""
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
-    assert selection.choose(_FakeCuda(4096)) == selection.Choice("triton", "long")
+    monkeypatch.delenv(selection.LEAN_ENV, raising=False)
+    assert selection.choose(_FakeCuda(4096)) == selection.Choice("triton", "lean")
     assert selection.choose(_FakeCuda(20), sinkhorn_iters=3) == selection.Choice("triton", "long")
     assert selection.choose(_FakeCuda(20, dtype=F32)) == selection.Choice("triton", "long")
-    assert selection.choose(_FakeCuda(129), scheme="hnas") == selection.Choice("triton", "long")
+    assert selection.choose(_FakeCuda(129), scheme="hnas") == selection.Choice("triton", "lean")
     assert selection.choose(_FakeCuda(20), need_weights=True) == selection.Choice("dense")
 
 
@@ -152,16 +155,17 @@ def test_the_longest_short_input_is_one_tile(head_dim, scheme, longest, monkeypa
     """Half precision runs the one-tile kernels up to their largest tile,
     128, for both schemes and head sizes (``selection.SHORT_MAX``: the H100
     timed them faster than the long kernels there); one more position runs
-    the long kernels."""
+    the lean kernels (selection.LEAN_CHOSEN)."""
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
+    monkeypatch.delenv(selection.LEAN_ENV, raising=False)
     for dtype in (F16, torch.bfloat16):
         assert selection.kernel_set(1, longest, longest, head_dim, dtype, scheme) == "short"
-        assert selection.kernel_set(1, longest + 1, 8, head_dim, dtype, scheme) == "long"
+        assert selection.kernel_set(1, longest + 1, 8, head_dim, dtype, scheme) == "lean"
 
 
 def test_an_edited_short_max_takes_effect(monkeypatch):
     """SHORT_MAX is the one table to edit: HNAS at head size 64 set to 64
-    sends T = 100 to the long kernels and keeps T = 64 on the one-tile ones
+    sends T = 100 to the lean kernels and keeps T = 64 on the one-tile ones
     (auto and the check command's list alike), and the first-use check sizes
     its input to the new limit."""
     monkeypatch.delenv(kernels.PATH_ENV, raising=False)
@@ -170,9 +174,9 @@ def test_an_edited_short_max_takes_effect(monkeypatch):
     config = selfcheck.Config("cuda", F16, 64, "hnas", False, 1, True, kernels="short")
     assert selfcheck.sizes(config)["length"] == 100  # a ragged 128 tile
     monkeypatch.setitem(selection.SHORT_MAX, ("half", 64, "hnas"), 64)
-    assert selection.choose(_FakeCuda(100), scheme="hnas").kernels == "long"
+    assert selection.choose(_FakeCuda(100), scheme="hnas").kernels == "lean"
     assert selection.choose(_FakeCuda(64), scheme="hnas") == selection.Choice("triton", "short")
-    assert selection.kernel_sets(1, 64, F16, "hnas") == ("short", "long")
+    assert selection.kernel_sets(1, 64, F16, "hnas") == ("short", "lean")
     assert selfcheck.sizes(config)["length"] == 50  # a ragged 64 tile
 
 
@@ -185,15 +189,16 @@ def test_a_bad_short_value_names_the_allowed_ones(monkeypatch):
         kernels.attend(q, q, q, scheme="dnas", path="triton")
 
 
-@pytest.mark.parametrize("length,first_kernel", [(128, FIRST), (129, "_column_lse_kernel")])
+@pytest.mark.parametrize("length,first_kernel", [(128, FIRST), (129, "lean")])
 def test_attend_runs_the_one_tile_kernels_up_to_128(length, first_kernel, monkeypatch):
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
+    monkeypatch.delenv(selection.LEAN_ENV, raising=False)
     q = torch.zeros(1, 1, length, 16, device=DEVICE, dtype=F16)
     seen = []
-    for module in (short, long):  # record the call, run nothing
+    for module in (short, long, lean):  # record the call, run nothing
         monkeypatch.setattr(module, "triton_attention", lambda *a, module=module, **kw: seen.append(module) or q)
     kernels.attend(q, q, q, scheme="dnas", path="triton")
-    assert seen == [short if first_kernel == FIRST else long]
+    assert seen == [short if first_kernel == FIRST else lean]
 
 
 # --- launches per step ----------------------------------------------------------------------------------------
@@ -288,7 +293,7 @@ def test_the_check_command_runs_the_one_tile_kernels(monkeypatch):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "kernels: short for inputs up to" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith("hnas ")]
-    assert [line.split()[5] for line in rows] == ["short", "long"], r.stdout
+    assert [line.split()[5] for line in rows] == ["short", "lean"], r.stdout
     assert all(line.endswith(" ok") for line in rows), r.stdout
 
 

@@ -68,7 +68,7 @@ def test_kernels_compile_for_an_h100_within_the_tile_rule():
     and a loop at most 1.3 times as long with dropout as without (the
     script's exit status; docs/performance.md), and the report reads each
     cubin."""
-    seen, summary = _compile("fp16:64", "--max-dropout-ratio", "1.3", "--short", "0")
+    seen, summary = _compile("fp16:64", "--max-dropout-ratio", "1.3", "--short", "0", "--lean", "0")
     assert seen == _expected("fp16:64"), sorted(seen ^ _expected("fp16:64"))
     assert "with a stack (register spills), the largest" in summary and "wgmma" in summary, summary
     assert "dropout makes a loop at most" in summary, summary
@@ -81,7 +81,7 @@ def test_every_case_compiles_for_an_h100_within_the_tile_rule():
     128, 130 variants (about 5 CPU minutes); fp16:64, the 26 others, is the
     default tier's test above."""
     cases = "bf16:64,fp32:64,fp16:128,bf16:128,fp32:128"
-    seen, summary = _compile(cases, "--short", "0")
+    seen, summary = _compile(cases, "--short", "0", "--lean", "0")
     assert seen == _expected(cases), sorted(seen ^ _expected(cases))
     assert f"compiled {len(_expected(cases))} variants" in summary, summary
 

@@ -46,12 +46,14 @@ LEAN_MODES = ("auto", "1", "0")
 # Length bands of LEAN_CHOSEN: the longer of T_q, T_k up to 512, 1024, 2048, and beyond (the last).
 LEAN_BANDS = (512, 1024, 2048, 4096)
 # Where ``auto`` runs the lean kernels (triton/lean.py) instead of the long
-# ones: {(input kind, head size class, scheme, band): "lean"}, the set a GPU's
-# clock chose (benchmarks/gpu_lean.py measures both and writes this table;
-# ``read_lean_table`` reads its JSON). Empty: no GPU has timed the lean
-# kernels yet, so ``auto`` keeps the long kernels everywhere and the lean ones
-# run only when FAIRSEQ_DNAS_TRITON_LEAN=1 asks for them.
-LEAN_CHOSEN = {}
+# ones: {(input kind, head size class, scheme, band): "lean" | "long"}, the set
+# a GPU's clock chose (benchmarks/gpu_lean.py measures both and writes this
+# table; ``read_lean_table`` reads its JSON). From an H200, fp16 and bf16,
+# dropout 0 and 0.1: lean / long GPU time 0.92-0.96 at head size 64, 0.48-0.61
+# at 128 (docs/results/2026-11-28-h200-lean-kernels.md; tests/test_lean.py
+# checks this table against that record's JSON). float32 was not timed: long.
+LEAN_CHOSEN = {(kind, head, scheme, band): "lean" for kind in ("half",) for head in (64, 128)
+               for scheme in ("dnas", "hnas") for band in LEAN_BANDS}
 # The longest T_q, T_k the one-tile kernels (triton/short.py) take, by input
 # kind (half: float16/bfloat16), head size class and scheme; 0: never. A CTA
 # holds the whole score block, at most short.BLOCK_MAX (128) a side. In half
