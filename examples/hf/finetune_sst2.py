@@ -107,7 +107,7 @@ def main():
             max_position_embeddings=args.max_len, num_labels=2, pad_token_id=PAD,
         )
         model = AutoModelForSequenceClassification.from_config(config)
-    hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init)
+    hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init if args.scheme == "hnas" else None)
 
     train = [{"input_ids": encode(s), "labels": y} for s, y in zip(train_x, train_y)]
     test = [{"input_ids": encode(s), "labels": y} for s, y in zip(test_x, test_y)]

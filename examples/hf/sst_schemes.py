@@ -95,7 +95,8 @@ def build_model(args, tokenizer):
     )
     model = BertForSequenceClassification(config)
     if args.scheme != "sdpa":
-        hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init, gumbel_temperature=args.gumbel_temperature)
+        hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init if args.scheme == "hnas" else None,
+                  gumbel_temperature=args.gumbel_temperature if args.scheme == "discrete" else None)
     return model
 
 

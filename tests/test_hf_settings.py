@@ -1,0 +1,99 @@
+"""fairseq_dnas.hf.enable's settings: each scheme takes only the settings it
+reads (a setting that would do nothing is a one-line ValueError), config.dnas
+records only those, folders saved with every setting still load, and
+hf.from_pretrained loads without transformers' alarm about the HNAS weights
+it restores itself (only those), or says in one line that the folder is
+missing."""
+
+import json
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+from fairseq_dnas import hf
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=99,
+             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def bert():
+    torch.manual_seed(0)
+    return BertModel(BertConfig(**SMALL))
+
+
+@pytest.mark.parametrize("scheme, setting, applies_to", [
+    ("dnas", {"gumbel_hard": True}, "scheme='discrete'"),
+    ("hnas", {"gumbel_temperature": 0.5}, "scheme='discrete'"),
+    ("dnas", {"hybrid_init": 0.3}, "scheme='hnas'"),
+    ("dnas", {"per": "layer"}, "scheme='hnas'"),
+    ("discrete", {"hybrid_init": 0.3}, "scheme='hnas'"),
+    ("unas", {"gumbel_hard": False}, "scheme='discrete'"),
+])
+def test_a_setting_the_scheme_does_not_read_is_refused(scheme, setting, applies_to):
+    model = bert()
+    (name, value), = setting.items()
+    with pytest.raises(ValueError) as e:
+        hf.enable(model, scheme=scheme, **setting)
+    assert str(e.value) == (f"{name}={value!r} does nothing with scheme={scheme!r}: it applies to {applies_to} "
+                            "only; drop it")
+    assert model.config._attn_implementation != scheme and not hasattr(model.config, "dnas")  # nothing changed
+
+
+@pytest.mark.parametrize("scheme, kwargs, recorded", [
+    ("dnas", {}, {"scheme": "dnas"}),
+    ("unas", {}, {"scheme": "unas"}),
+    ("hnas", {}, {"scheme": "hnas", "hybrid_init": 0.5, "per": "head"}),
+    ("hnas", {"hybrid_init": 0.2, "per": "layer"}, {"scheme": "hnas", "hybrid_init": 0.2, "per": "layer"}),
+    ("discrete", {}, {"scheme": "discrete", "gumbel_temperature": 1.0, "gumbel_hard": False}),
+    ("discrete", {"gumbel_temperature": 2, "gumbel_hard": True},
+     {"scheme": "discrete", "gumbel_temperature": 2.0, "gumbel_hard": True}),
+])
+def test_config_records_only_the_settings_the_scheme_reads(tmp_path, scheme, kwargs, recorded):
+    model = hf.enable(bert(), scheme=scheme, **kwargs)
+    assert model.config.dnas == recorded
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dnas"] == recorded
+    assert hf.from_pretrained(BertModel, str(tmp_path)).config.dnas == recorded
+
+
+def test_a_folder_saved_with_every_setting_still_loads(tmp_path):
+    """Folders written before the settings were checked record hybrid_init
+    and per for every scheme: those are dropped on load."""
+    hf.enable(bert(), scheme="discrete", gumbel_temperature=0.5).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["dnas"].update(hybrid_init=0.5, per="head")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = hf.from_pretrained(BertModel, str(tmp_path))
+    assert loaded.config.dnas == {"scheme": "discrete", "gumbel_temperature": 0.5, "gumbel_hard": False}
+    assert loaded.config._attn_implementation == "discrete"
+
+
+def test_from_pretrained_of_a_missing_folder_is_one_line(tmp_path):
+    with pytest.raises(ValueError) as e:
+        hf.from_pretrained(BertModel, str(tmp_path / "nowhere"))
+    assert str(e.value) == (f"{tmp_path / 'nowhere'} is not a folder: hf.from_pretrained loads the folder that "
+                            "save_pretrained wrote after fairseq_dnas.hf.enable")
+
+
+def test_hf_from_pretrained_does_not_report_the_hnas_weights_it_restores(tmp_path, caplog):
+    model = hf.enable(BertForSequenceClassification(BertConfig(**SMALL)), scheme="hnas", hybrid_init=0.3)
+    model.save_pretrained(tmp_path)
+    caplog.clear()
+    loaded = hf.from_pretrained(BertForSequenceClassification, str(tmp_path))
+    assert "LOAD REPORT" not in caplog.text
+    assert hf.hybrid_weights(loaded).means == pytest.approx([0.3, 0.3])
+    # the class is as it was: a plain load still reports the weights it drops ...
+    assert "_keys_to_ignore_on_load_unexpected" not in vars(BertForSequenceClassification)
+    BertForSequenceClassification.from_pretrained(str(tmp_path))
+    err, _ = caplog.text, caplog.clear()
+    assert "LOAD REPORT" in err and "hybrid_logit" in err and "UNEXPECTED" in err
+    # ... and hf.from_pretrained still reports any other key it does not expect
+    state = {k: v for k, v in loaded.state_dict().items()}
+    state["bert.extra.weight"] = torch.zeros(2)
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"),
+              metadata={"format": "pt"})
+    hf.from_pretrained(BertForSequenceClassification, str(tmp_path))
+    err = caplog.text
+    assert "bert.extra.weight" in err and "hybrid_logit" not in err
