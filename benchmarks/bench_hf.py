@@ -48,7 +48,7 @@ def build(layers, dropout):
     for scheme in ("dnas", "hnas"):
         m = BertModel(copy.deepcopy(config), add_pooling_layer=False).train()
         m.load_state_dict(base.state_dict())
-        models[scheme] = hf.enable(m, scheme=scheme, hybrid_init=0.5)
+        models[scheme] = hf.enable(m, scheme=scheme)  # HNAS: u starts at 0.5
     for name, m in models.items():  # each model runs its own scheme
         assert m.config._attn_implementation == name, (name, m.config._attn_implementation)
     return models

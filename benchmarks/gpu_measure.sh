@@ -3,7 +3,7 @@
 #
 # The default step, quick, answers the questions that decide the attention
 # defaults in one command of about five minutes on an H100, compilation
-# included (a lent machine gives 10-minute commands): every kernel
+# included (each step fits a 10-minute command): every kernel
 # configuration auto runs against float64, the kernels alone against SDPA,
 # and the module against fairseq's with and without attention dropout, time
 # and memory (benchmarks/gpu_quick.py: quick.jsonl, quick.md).

@@ -139,3 +139,26 @@ def test_cpu_threads_command(capsys):
     with pytest.raises(SystemExit):
         cpu_threads_main(["--cores", "0"])
     assert "--cores 0: give a whole number >= 1" in capsys.readouterr().err
+
+
+def test_bench_cpu_threads_smallest_run(tmp_path):
+    """benchmarks/bench_cpu_threads.py on a synthetic Gigaword folder: one case, its
+    updates a second from fairseq's log, the load beside it; bad input in one line."""
+    import json
+
+    from test_gigaword_recipe import make_sumdata, prepare
+
+    assert prepare(make_sumdata(tmp_path / "sumdata"), tmp_path / "data", PYTHON=sys.executable).returncode == 0
+    script = os.path.join(ROOT, "benchmarks", "bench_cpu_threads.py")
+    out = tmp_path / "threads.json"
+    proc = subprocess.run([sys.executable, script, "--data", str(tmp_path / "data" / "bin"), "--threads", "1",
+                           "--busy", "0", "--updates", "20", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    case, = json.loads(out.read_text())["cases"]
+    assert case["threads"] == 1 and case["busy"] == 0 and case["updates_per_s"] > 0
+    assert {"load_before", "load_after", "steal_fraction", "default_would_pick"} <= set(case)
+    assert "| 0 | 1 | " in proc.stdout
+    bad = subprocess.run([sys.executable, script, "--data", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "no binarized Gigaword there" in bad.stderr.splitlines()[-1]
