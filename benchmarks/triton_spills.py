@@ -45,7 +45,7 @@ instructions come from.
                                                                # the one-tile kernels where SHORT_MAX allows
     python benchmarks/triton_spills.py --compare before.json after.json   # two --json runs side by side
 
-Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
+Under another Triton (e.g. 3.6, torch 2.11's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
 ``PYTHONPATH=/tmp/triton36:$PWD python benchmarks/triton_spills.py``.
 

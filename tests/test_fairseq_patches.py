@@ -1,4 +1,4 @@
-"""What the plugin changes in fairseq (fairseq_dnas/fairseq_patches, issue 25):
+"""What the plugin changes in fairseq (fairseq_dnas/fairseq_patches):
 importing the torch-only parts changes nothing; ``--user-dir`` and the
 explicit ``install()`` install every patch of the table; each switch turns
 its patch off; installing twice wraps once; and every plugin flag error ends

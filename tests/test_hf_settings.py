@@ -97,3 +97,24 @@ def test_hf_from_pretrained_does_not_report_the_hnas_weights_it_restores(tmp_pat
     hf.from_pretrained(BertForSequenceClassification, str(tmp_path))
     err = caplog.text
     assert "bert.extra.weight" in err and "hybrid_logit" not in err
+
+
+# -- the labelled TSV of hf_faithfulness and sentence_classify -------------------------------------
+
+def test_a_tsv_with_the_label_first_says_the_columns_look_swapped(tmp_path):
+    from fairseq_dnas.commands.sentence_classify import BadInput, read_labelled
+
+    swapped = tmp_path / "swapped.tsv"
+    swapped.write_text("label\tsentence\n1\ta fine film\n0\ta dull one\n")
+    with pytest.raises(BadInput) as e:
+        read_labelled(str(swapped), ["0", "1"])
+    assert str(e.value) == (f"{swapped}:2: the columns look swapped: '1' first is a label the model knows; "
+                            "give 'sentence<TAB>label' a line")
+    unknown = tmp_path / "unknown.tsv"
+    unknown.write_text("a fine film\tpositive\n")
+    with pytest.raises(BadInput, match=r"label 'positive' is not one the model knows \(0, 1\)"):
+        read_labelled(str(unknown), ["0", "1"])
+    good = tmp_path / "good.tsv"
+    good.write_text("sentence\tlabel\na fine film\t1\n2\t0\n")  # a sentence may be a number
+    sentences, gold = read_labelled(str(good), ["0", "1"])
+    assert sentences == ["a fine film", "2"] and gold.tolist() == [1, 0]

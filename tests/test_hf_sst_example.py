@@ -1,4 +1,4 @@
-"""examples/hf/sst_schemes.py (issue 43's example): one tiny discrete
+"""examples/hf/sst_schemes.py: one tiny discrete
 classifier trained a few steps on the first sentences of the SST split,
 saved with its tokenizer and loadable; a finished run is not redone; the
 table step reads it; bad data fails with one line."""
