@@ -118,3 +118,55 @@ def test_a_tsv_with_the_label_first_says_the_columns_look_swapped(tmp_path):
     good.write_text("sentence\tlabel\na fine film\t1\n2\t0\n")  # a sentence may be a number
     sentences, gold = read_labelled(str(good), ["0", "1"])
     assert sentences == ["a fine film", "2"] and gold.tolist() == [1, 0]
+
+
+# -- the SST examples' data folders -----------------------------------------------------------------
+
+def _example(name):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf", name)
+    spec = importlib.util.spec_from_file_location(name[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return path, module
+
+
+def test_finetune_sst2_reads_glue_own_layout_and_the_labelled_test_layout(tmp_path, capsys):
+    _, finetune = _example("finetune_sst2.py")
+    glue = tmp_path / "glue"
+    glue.mkdir()
+    (glue / "train.tsv").write_text("sentence\tlabel\ngood\t1\n")
+    (glue / "dev.tsv").write_text("sentence\tlabel\nfine\t1\ndull\t0\n")
+    (glue / "test.tsv").write_text("index\tsentence\n0\tan unlabelled one\n")
+    assert finetune.evaluation_file(str(glue)) == str(glue / "dev.tsv")
+    assert "GLUE's unlabelled test split" in capsys.readouterr().err
+    assert finetune.read_tsv(finetune.evaluation_file(str(glue))) == (["fine", "dull"], [1, 0])
+    labelled = tmp_path / "labelled"
+    labelled.mkdir()
+    (labelled / "test.tsv").write_text("sentence\tlabel\nfine\t1\n")
+    (labelled / "dev.tsv").write_text("sentence\tlabel\nphrase\t1\n")
+    assert finetune.evaluation_file(str(labelled)) == str(labelled / "test.tsv")
+
+
+def test_sst_schemes_run_checks_its_data_folder_before_any_run(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script, _ = _example("sst_schemes.py")
+    env = {k: v for k, v in os.environ.items() if k != "SST_BINARY_DIR"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, script, "run", "--out", str(tmp_path / "out"), *args],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    proc = run()
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        "error: no data folder: pass --data-dir or set SST_BINARY_DIR to the folder with train.tsv, dev.tsv, test.tsv")
+    (tmp_path / "sst").mkdir()
+    (tmp_path / "sst" / "train.tsv").write_text("sentence\tlabel\ngood\t1\n")
+    proc = run("--data-dir", str(tmp_path / "sst"))
+    assert proc.returncode == 1 and proc.stderr.strip().startswith(f"error: {tmp_path / 'sst'} lacks dev.tsv, test.tsv")
+    assert "run 1/" not in proc.stdout and not (tmp_path / "out").exists()
