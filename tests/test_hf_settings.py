@@ -170,3 +170,35 @@ def test_sst_schemes_run_checks_its_data_folder_before_any_run(tmp_path):
     proc = run("--data-dir", str(tmp_path / "sst"))
     assert proc.returncode == 1 and proc.stderr.strip().startswith(f"error: {tmp_path / 'sst'} lacks dev.tsv, test.tsv")
     assert "run 1/" not in proc.stdout and not (tmp_path / "out").exists()
+
+
+def test_a_plain_from_pretrained_of_a_scheme_folder_is_never_a_silent_sdpa_model(tmp_path):
+    """config.json names the scheme as transformers' attention implementation:
+    DNAS loads as DNAS; HNAS and discrete stop at the first forward with a
+    line naming hf.from_pretrained; without fairseq_dnas.hf imported,
+    transformers refuses the implementation."""
+    import os
+    import subprocess
+    import sys
+
+    ids = torch.randint(5, 99, (2, 7))
+    for scheme in ("dnas", "hnas", "discrete"):
+        folder = tmp_path / scheme
+        hf.enable(BertForSequenceClassification(BertConfig(**SMALL)), scheme=scheme).save_pretrained(folder)
+        assert json.loads((folder / "config.json").read_text())["attn_implementation"] == scheme
+        plain = BertForSequenceClassification.from_pretrained(str(folder)).eval()
+        assert plain.config._attn_implementation == scheme
+        if scheme == "dnas":
+            loaded = hf.from_pretrained(BertForSequenceClassification, str(folder)).eval()
+            torch.testing.assert_close(plain(input_ids=ids).logits, loaded(input_ids=ids).logits)
+        else:
+            with pytest.raises(ValueError, match=r"fairseq_dnas\.hf\.from_pretrained") as e:
+                plain(input_ids=ids)
+            assert "\n" not in str(e.value)
+    code = ("from transformers import BertForSequenceClassification as M\n"
+            "try:\n    M.from_pretrained(r'%s')\nexcept ValueError as e:\n    print('refused:', e)\n"
+            "else:\n    print('loaded')\n") % (tmp_path / "dnas")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.stdout.startswith('refused: Specified `attn_implementation="dnas"` is not supported'), \
+        proc.stdout + proc.stderr[-2000:]

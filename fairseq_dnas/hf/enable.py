@@ -196,6 +196,12 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = None, per: str = No
     if scheme == DISCRETE:
         settings["gumbel_temperature"] = float(gumbel_temperature)
     model.config.dnas = {"scheme": scheme, **settings}  # only what the scheme reads
+    # Saved in config.json, read back by transformers' own from_pretrained as the
+    # implementation: a plain load of this folder then runs the scheme (DNAS), or
+    # stops at the first forward with a line naming hf.from_pretrained (HNAS,
+    # discrete: their weights and settings are not restored), or, without
+    # fairseq_dnas.hf imported, is refused by transformers: never a silent sdpa model.
+    model.config.attn_implementation = scheme
     model.set_attn_implementation(scheme)
     return model
 
@@ -275,6 +281,7 @@ def from_pretrained(model_class, path: str, **kwargs):
     if not os.path.isdir(path):
         raise ValueError(f"{path} is not a folder: hf.from_pretrained loads the folder that save_pretrained wrote "
                          "after fairseq_dnas.hf.enable")
+    register()  # config.json names the scheme as its implementation
     with _hybrid_logits_expected(model_class):
         model = model_class.from_pretrained(path, **kwargs)
     settings = getattr(model.config, "dnas", None)
