@@ -88,4 +88,4 @@ else
 fi
 
 GPU_CHECK=(); [ "$GPU" = 1 ] && GPU_CHECK=(--gpu)
-"$PY" scripts/install_check.py ${GPU_CHECK[@]+"${GPU_CHECK[@]}"}
+"$PY" -m fairseq_dnas.recipes.install_check ${GPU_CHECK[@]+"${GPU_CHECK[@]}"}

@@ -58,7 +58,7 @@ def test_install_with_a_gpu_and_an_index_or_a_spec_takes_what_is_given(tmp_path)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the warning of a torch that sees no GPU")
 def test_install_check_says_which_setting_to_change_when_torch_cannot_use_the_gpu():
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "install_check.py"), "--gpu"],
+    proc = subprocess.run([sys.executable, "-m", "fairseq_dnas.recipes.install_check", "--gpu"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
@@ -66,7 +66,7 @@ def test_install_check_says_which_setting_to_change_when_torch_cannot_use_the_gp
     assert lines[1].startswith("[install] warning: nvidia-smi sees a GPU but torch ") and "set TORCH_SPEC" in lines[1]
     # fairseq's import-time note about tensorboardX (its speech models) is not shown
     assert "tensorboardX" not in proc.stdout + proc.stderr and not proc.stderr.strip(), proc.stderr
-    plain = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "install_check.py")],
+    plain = subprocess.run([sys.executable, "-m", "fairseq_dnas.recipes.install_check"],
                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert plain.returncode == 0 and len(plain.stdout.splitlines()) == 1
 

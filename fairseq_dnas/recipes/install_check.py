@@ -2,7 +2,7 @@
 architectures are registered, and, with --gpu (nvidia-smi saw a GPU), torch
 can use it.
 
-    .venv/bin/python scripts/install_check.py [--gpu]
+    .venv/bin/python -m fairseq_dnas.recipes.install_check [--gpu]
 
 Prints one line with the versions; with --gpu and a torch that sees no CUDA
 device, one more line saying which setting to change. Exit 1 only when the
