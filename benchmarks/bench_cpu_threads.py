@@ -32,10 +32,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from fairseq_dnas.recipes.cpu_threads import default_threads, usable_cores
 
-from fairseq_dnas.recipes.cpu_threads import default_threads, usable_cores  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 UPS = re.compile(r"\bups=([0-9.]+)")
 
