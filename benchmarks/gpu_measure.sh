@@ -17,8 +17,8 @@
 #   train      fairseq-train --fp16 at the Gigaword paper size, ARCHS, TRAIN_UPDATES updates each
 #              (needs TRAIN_DATA: examples/gigaword/prepare.sh's OUT_DIR/bin)
 #
-#   OUT_DIR=$OUT bash benchmarks/gpu_measure.sh                  # after scripts/install.sh (TORCH_SPEC=torch)
-#   STEPS=tests,kernels OUT_DIR=$OUT bash benchmarks/gpu_measure.sh
+#   OUT_DIR=/path/to/results bash benchmarks/gpu_measure.sh     # after scripts/install.sh on the GPU machine
+#   STEPS=tests,kernels OUT_DIR=/path/to/results bash benchmarks/gpu_measure.sh
 #
 # Safe to re-run: every output is rewritten.
 set -euo pipefail
