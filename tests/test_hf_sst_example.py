@@ -64,6 +64,8 @@ def test_driver_trains_saves_resumes_and_tabulates(tmp_path, sst_binary_dir):
 
 def test_bad_data_fails_with_one_line(tmp_path):
     (tmp_path / "train.tsv").write_text("text\tlabel\nfine\t1\n")
+    for split in ("dev", "test"):
+        (tmp_path / f"{split}.tsv").write_text("sentence\tlabel\nfine\t1\n")
     proc = _run("train", "--scheme", "sdpa", "--seed", "1", "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path))
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
