@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with torch, fairseq and fairseq-dnas.
-# About 1.5 minutes on 2 idle CPU cores with a local torch wheel (uv for the
+# About a minute on 2 idle CPU cores with a local torch wheel (uv for the
 # dependencies; docs/results/README.md#current-figures): longer on a busy
 # machine, and when torch itself is downloaded. Safe to re-run.
 #
@@ -45,7 +45,8 @@ if [ -z "$FAIRSEQ_SPEC" ]; then
   # PyPI fairseq 0.12.2 does not import on Python >= 3.11 (dataclass mutable
   # default); ve-fairseq 0.12.3 is a community build of the same code with
   # wheels for CPython 3.11/3.12.
-  if "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+  VERSION_OF="$PYTHON"; [ -x "$VENV/bin/python" ] && VERSION_OF="$VENV/bin/python"  # the venv's, once it exists
+  if "$VERSION_OF" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
     FAIRSEQ_SPEC="ve-fairseq==0.12.3"
   else
     FAIRSEQ_SPEC="fairseq==0.12.2"
