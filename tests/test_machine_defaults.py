@@ -141,6 +141,7 @@ def test_cpu_threads_command(capsys):
     assert "--cores 0: give a whole number >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.full  # about 30 CPU s (prepare.sh, then 20 updates through train.sh)
 def test_bench_cpu_threads_smallest_run(tmp_path):
     """benchmarks/bench_cpu_threads.py on a synthetic Gigaword folder: one case, its
     updates a second from fairseq's log, the load beside it; bad input in one line."""
