@@ -55,6 +55,9 @@ setup(
         "sentencepiece>=0.1.99",  # Gigaword word pieces
         "rouge-score>=0.1.2",  # ROUGE (Google's reimplementation of Perl ROUGE)
         "matplotlib>=3.5",  # analysis pictures
+        # the Gigaword download (fairseq_dnas/recipes/gigaword_download.py):
+        # Google Drive's confirmation pages, resumed downloads
+        "gdown>=5",
     ],
     extras_require={
         "test": [

@@ -10,7 +10,7 @@ medians over interleaved rounds after warm-up, ratios are medians of the
 per-round ratio to sdpa, in wall-clock and in process CPU time (the
 steadier one on a shared machine); peak memory is the
 profiler's high-water mark of PyTorch's allocator in one forward+backward
-(benchmark.peak_memory_bytes). Targets (issue 18): time 1.10x (DNAS) and
+(benchmark.peak_memory_bytes). The project's targets: time 1.10x (DNAS) and
 1.20x (HNAS) of sdpa at 128 positions; memory 1.2x.
 
     python benchmarks/bench_hf.py --json /tmp/bench_hf.json   # a few minutes on 2 idle cores
@@ -48,7 +48,7 @@ def build(layers, dropout):
     for scheme in ("dnas", "hnas"):
         m = BertModel(copy.deepcopy(config), add_pooling_layer=False).train()
         m.load_state_dict(base.state_dict())
-        models[scheme] = hf.enable(m, scheme=scheme, hybrid_init=0.5)
+        models[scheme] = hf.enable(m, scheme=scheme)  # HNAS: u starts at 0.5
     for name, m in models.items():  # each model runs its own scheme
         assert m.config._attn_implementation == name, (name, m.config._attn_implementation)
     return models

@@ -12,7 +12,7 @@ one profiled step, torch.profiler), kernels a step, and both as ratios to
 SDPA measured in the same run; beside them the floor that operation counts
 allow (``floor``): matmuls and exponentials per score element of the
 algorithm against FlashAttention-2's, an exponential weighed as 1.5 matmuls
-when they do not overlap (issue 28's 1.3x / 1.5x for DNAS). On CPU the
+when they do not overlap (the 1.3x / 1.5x targets for DNAS, docs/performance.md#targets). On CPU the
 section runs only under Triton's interpreter with --quick (tiny sizes: it
 checks that the code runs; the numbers mean nothing).
 """

@@ -13,7 +13,7 @@ TARGETS = {
     "long_hnas_memory": 1.2,
     "long_exact": 1e-5,
 }
-# The GPU targets (issue 28; against fairseq's attention, or SDPA for the
+# The GPU targets (docs/performance.md#targets; against fairseq's attention, or SDPA for the
 # kernels alone, in the same run): the module's worst case over every
 # length, dropout and dtype; the kernels alone at B 8, H 16, T 1024, D 64,
 # fp16, dropout 0, for each Triton kernel set timed there (long; short runs only at T <= 128).

@@ -10,7 +10,7 @@ medians over interleaved rounds after warm-up, ratios the medians of the
 per-round ratio to roberta, in wall clock and in process CPU time (the
 steadier one on a shared machine); peak memory is the profiler's high-water
 mark of PyTorch's allocator over one update (bench_common.peak_memory_bytes).
-Targets (issue 17): time 1.05x (DNAS) and 1.10x (HNAS) of roberta.
+The project's targets: time 1.05x (DNAS) and 1.10x (HNAS) of roberta.
 
 ``--discrete``: the discrete classifiers of J. Kinley (2020) instead, at the
 thesis's size (Section 5.3: 6 layers, 64 wide, FFN 128, 4 heads) unless
@@ -21,7 +21,7 @@ no optimizer step) on a batch of --batch sentences of --length tokens
 (default 32 x 100). The discrete models hold the weights of their soft
 counterparts (roberta, roberta_two_stream). Ratios: to roberta, and for
 roberta_discrete also to the soft two-stream model (the median of the
-per-round ratios). Targets (issue 33): single-stream discrete <= 1.15x of
+per-round ratios). The targets: single-stream discrete <= 1.15x of
 roberta, two-stream discrete <= 1.1x of the soft two-stream model.
 
     python benchmarks/bench_roberta.py                  # the recipe's small size, a few minutes on 2 cores
@@ -189,7 +189,7 @@ def classification_batch(d, batch, length, min_length, seed=0):
 
 
 def train_step(model, criterion, sample):
-    """The criterion's forward and the backward (issue 33's training step: no optimizer step)."""
+    """The criterion's forward and the backward (the timed training step: no optimizer step)."""
 
     def reset():
         model.zero_grad(set_to_none=True)

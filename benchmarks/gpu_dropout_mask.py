@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The attention-dropout mask of the GPU kernels against the mask Triton's
-interpreter computes on the CPU, bit for bit (a GPU figure of issue 28).
+interpreter computes on the CPU, bit for bit (one of the GPU figures of docs/performance.md).
 
 The CPU tests prove the interpreter's mask is the documented Philox bytes and
 that the GPU's inline PTX, modelled from the PTX ISA, keeps the same ones

@@ -3,7 +3,7 @@
 #
 # The default step, quick, answers the questions that decide the attention
 # defaults in one command of about five minutes on an H100, compilation
-# included (a lent machine gives 10-minute commands): every kernel
+# included (each step fits a 10-minute command): every kernel
 # configuration auto runs against float64, the kernels alone against SDPA,
 # and the module against fairseq's with and without attention dropout, time
 # and memory (benchmarks/gpu_quick.py: quick.jsonl, quick.md).
@@ -17,8 +17,8 @@
 #   train      fairseq-train --fp16 at the Gigaword paper size, ARCHS, TRAIN_UPDATES updates each
 #              (needs TRAIN_DATA: examples/gigaword/prepare.sh's OUT_DIR/bin)
 #
-#   OUT_DIR=$OUT bash benchmarks/gpu_measure.sh                  # after scripts/install.sh (TORCH_SPEC=torch)
-#   STEPS=tests,kernels OUT_DIR=$OUT bash benchmarks/gpu_measure.sh
+#   OUT_DIR=/path/to/results bash benchmarks/gpu_measure.sh     # after scripts/install.sh on the GPU machine
+#   STEPS=tests,kernels OUT_DIR=/path/to/results bash benchmarks/gpu_measure.sh
 #
 # Safe to re-run: every output is rewritten.
 set -euo pipefail

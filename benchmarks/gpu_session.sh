@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One prepared command for a lent GPU machine: the quick step and the two
-# figures issue 42 asks for, each step with its own timeout, at most
-# 8 minutes on an H100 in all (the timeouts below add up to 445 s, plus the
-# checks and the wheel install). The steps, the most needed first, so that a
-# cut-short session still brings back the new figures:
+# One prepared command for a GPU machine without a package registry (an
+# offline one): the quick step, each kernel's GPU time and the masked-LM
+# update, each step with its own timeout, at most 8 minutes on an H100 in all
+# (the timeouts below add up to 445 s, plus the checks and the wheel
+# install). The steps, the most needed first, so that a run cut short still
+# has the newest figures:
 #
 #   exact      gpu_quick.py --parts exact       every kernel configuration `auto` runs, against float64
 #   lean       gpu_lean.py                      the lean kernels: exact on the GPU, and timed against the
@@ -21,28 +22,30 @@
 # It checks first that the wheels are there and that torch sees a GPU, and
 # stops with one line if not; then installs the wheels into SITE (the GPU
 # machine reaches no package registry) and runs the steps. Output under OUT
-# (the device tool's $OUT), at most 8 files: session.log (this script's
+# (a folder you name), at most 8 files: session.log (this script's
 # output: machine, versions, each step's exit and seconds, short summaries),
 # exact.log, breakdown.log, kernels.log, module.log (JSON lines of
 # gpu_quick.py), roberta.log, roberta.json. Exit 0 when every step ran and
 # every configuration was exact, 1 otherwise (the other steps still run).
 #
-# The wheels (Python 3.12, x86-64), once, on the machine you call from, in the
-# repository root (.whl/ in .git/info/exclude):
+# The wheels (Python 3.12, x86-64), once, on a machine that reaches a package
+# registry, in the repository root (.whl/ in .git/info/exclude):
 #   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl ve-fairseq==0.12.3 hydra-core==1.3.8 omegaconf==2.3.0 bitarray
 #   python3 -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
-# Then, with the device tool: command `bash benchmarks/gpu_session.sh`, carry [".whl"], timeout_s 540.
+# Then copy the repository with .whl/ to the GPU machine and run there, with
+# its Python 3.12 that has CUDA torch and Triton:
+#   OUT=/path/to/results bash benchmarks/gpu_session.sh
 #
 #   bash benchmarks/gpu_session.sh --dry-run     # the plan, on any machine (PYTHON with torch and fairseq)
 #
 # Safe to re-run: every output is rewritten.
 set -euo pipefail
 
-OUT="${OUT:-gpu-session}"                  # where the logs go (the device tool sets OUT)
+OUT="${OUT:-gpu-session}"                  # where the logs go (a folder you name)
 PYTHON="${PYTHON:-python3}"                # the GPU machine's Python 3.12 with CUDA torch and Triton
-WHEELS="${WHEELS:-.whl}"                   # the carried wheels (relative to the repository root)
+WHEELS="${WHEELS:-.whl}"                   # the wheels copied with the repository (relative to its root)
 SITE="${SITE:-/tmp/site}"                  # where they are installed
 T_EXACT="${T_EXACT:-90}"                   # seconds each step may take
 T_LEAN="${T_LEAN:-190}"                    # (gpu_lean.py stops starting configurations 40 s before it)
@@ -100,12 +103,12 @@ fi
 
 # The checks, before anything is written: the wheels, then the GPU.
 if [ ! -d "$WHEELS" ]; then
-  echo "gpu_session.sh: no wheel folder $WHEELS; put the wheels there (see this script's header) and carry it" >&2
+  echo "gpu_session.sh: no wheel folder $WHEELS; put the wheels there (see this script's header) and copy it with the repository" >&2
   exit 1
 fi
 for pattern in $NEEDED_WHEELS; do
   if ! compgen -G "$WHEELS/$pattern.whl" >/dev/null; then
-    echo "gpu_session.sh: no wheel $pattern.whl in $WHEELS; fetch it as this script's header says and carry $WHEELS" >&2
+    echo "gpu_session.sh: no wheel $pattern.whl in $WHEELS; fetch it as this script's header says and copy $WHEELS with the repository" >&2
     exit 1
   fi
 done

@@ -4,7 +4,8 @@
 # and transformer_hnas with FAIRSEQ_DNAS_ATTENTION_PATH=triton (a forced path
 # that raises if the kernels cannot run, so no silent fallback), MAX_UPDATE
 # updates each from the same seed; prints the training loss every LOG_INTERVAL
-# updates side by side and the seconds per update (a GPU figure of issue 28).
+# updates side by side and the seconds per update (one of the GPU figures of
+# docs/performance.md).
 #
 #   DATA=data/gigaword/bin OUT_DIR=gpu-results bash benchmarks/gpu_train_fp16.sh
 #

@@ -47,7 +47,7 @@ instructions come from.
     python benchmarks/triton_spills.py --short 0 --lean 1 --sinkhorn 1 --json lean.json   # the lean kernels
     python benchmarks/triton_spills.py --sets long.json lean.json       # instructions a score, set by set
 
-Under another Triton (e.g. 3.6, the lent H100's) put its package first on the
+Under another Triton (e.g. 3.6, torch 2.11's) put its package first on the
 path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
 ``PYTHONPATH=/tmp/triton36:$PWD python benchmarks/triton_spills.py``.
 

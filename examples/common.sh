@@ -135,6 +135,14 @@ split_batch() {
 
 # ------------------------------------------------------------ fairseq-train launch
 
+# default_cpu_threads: prints the CPU threads a new training job gets when
+# CPU_THREADS is not set: the usable cores minus the load already on them, at
+# least 1 (fairseq_dnas/recipes/cpu_threads.py says why: a thread without a
+# free core slows all the others down).
+default_cpu_threads() {
+  "$PYTHON" -m fairseq_dnas.recipes.cpu_threads 2>/dev/null || echo 1
+}
+
 # fairseq_train_launch: how to start fairseq-train (fairseq_dnas/recipes/run_fairseq.py
 # train: fairseq's own CLI, with bad files reported in one line) on this
 # node. Reads DEVICE (cpu|gpu, from check_run_settings), NPROC, NNODES, WORLD,
@@ -144,7 +152,8 @@ split_batch() {
 #                (python -m torch.distributed.run) when WORLD > 1;
 #   LAUNCH_ARGS  fairseq flags for the device and the process group: --fp16
 #                on GPUs, --cpu and gloo with fairseq's legacy DDP on CPU;
-# and exports OMP_NUM_THREADS on CPU (CPU_THREADS / NPROC, at least 1).
+# and exports OMP_NUM_THREADS on CPU (CPU_THREADS / NPROC, at least 1;
+# CPU_THREADS unset: default_cpu_threads).
 fairseq_train_launch() {
   local torchrun
   if [ "${NNODES:-1}" = 1 ]; then
@@ -163,7 +172,8 @@ fairseq_train_launch() {
     [ "$WORLD" -gt 1 ] && LAUNCH_ARGS+=(--distributed-world-size "$WORLD")
   else
     LAUNCH_ARGS=(--cpu)
-    local threads="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"
+    local threads="${CPU_THREADS:-}"
+    if [ -n "$threads" ]; then check_number CPU_THREADS 1; else threads="$(default_cpu_threads)"; fi
     export OMP_NUM_THREADS=$(( threads / NPROC > 0 ? threads / NPROC : 1 ))
     if [ "$WORLD" -gt 1 ]; then
       # fairseq only sets up torchrun's environment for GPUs; on CPU we give the
@@ -203,7 +213,7 @@ quote_command() { printf '%q ' "$@"; echo; }
 #     that "LOG_OF NAME SEED" prints; on GPUs (DEVICE gpu, or auto with a GPU) each
 #     job gets one GPU, those of GPUS (default CUDA_VISIBLE_DEVICES, else all)
 #     taken in turn, and NPROC=1; on CPU the cores are shared (CPU_THREADS
-#     each, default the cores / JOBS). Each job runs in its own process group,
+#     each, default the cores not already busy / JOBS). Each job runs in its own process group,
 #     so Ctrl-C or a kill of the script stops every process of every running
 #     job, and nothing else ("interrupted: ..." and exit 130).
 # FUNCTION sees the recipe's variables and runs in a subshell when JOBS > 1.
@@ -224,7 +234,9 @@ run_jobs() {
     IFS=', ' read -r -a gpu_list <<< "$gpus"
     export NPROC=1
   else
-    export CPU_THREADS="${CPU_THREADS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}"
+    local free
+    free="$(default_cpu_threads)"
+    export CPU_THREADS="${CPU_THREADS:-$(( free / JOBS > 0 ? free / JOBS : 1 ))}"
   fi
   set -m
   JOB_PIDS=()

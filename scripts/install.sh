@@ -1,20 +1,65 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with torch, fairseq and fairseq-dnas.
-# CPU: about a minute on 2 cores with the local torch wheel (uv for the dependencies;
-# docs/results/README.md#current-figures). Safe to re-run.
+# About a minute on 2 idle CPU cores with a local torch wheel (uv for the
+# dependencies; docs/results/README.md#current-figures): longer on a busy
+# machine, and when torch itself is downloaded. Safe to re-run.
 #
-#   bash scripts/install.sh                 # CPU, torch 2.13.0, into ./.venv
-#   TORCH_SPEC=torch bash scripts/install.sh  # GPU machine: the default CUDA build
+#   bash scripts/install.sh                 # into ./.venv; a CUDA torch when nvidia-smi sees a GPU
+#   DRY_RUN=1 bash scripts/install.sh       # print what it would install, and why
+#   TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=... bash scripts/install.sh   # another torch build
 #
 # Why it is done this way: docs/installation.md.
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"                 # interpreter for the venv
 VENV="${VENV:-.venv}"                       # where the environment goes
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"   # CPU wheel here; a CUDA build on GPUs
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+TORCH_SPEC="${TORCH_SPEC:-}"                # empty: torch TORCH_VERSION, the CUDA build on a GPU machine (below)
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"      # another package index for torch only (e.g. PyTorch's own, per CUDA version)
 FAIRSEQ_SPEC="${FAIRSEQ_SPEC:-}"            # empty: chosen by Python version below
+DRY_RUN="${DRY_RUN:-0}"                     # 1: print the choices and stop
 
 cd "$(dirname "$0")/.."
+
+# A GPU machine: nvidia-smi lists at least one GPU.
+GPU=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then GPU=1; fi
+if [ -z "$TORCH_SPEC" ]; then
+  if [ "$GPU" = 1 ] && [ -z "$TORCH_INDEX_URL" ]; then
+    # '===': exactly this version, not a local '+cpu' build that a pip
+    # configuration's extra index may also offer; PyPI's plain Linux build of
+    # torch is the CUDA one.
+    TORCH_SPEC="torch===$TORCH_VERSION"
+    TORCH_WHY="nvidia-smi sees a GPU: the CUDA build"
+  else
+    TORCH_SPEC="torch==$TORCH_VERSION"
+    TORCH_WHY="no GPU found by nvidia-smi"
+    [ "$GPU" = 1 ] && TORCH_WHY="nvidia-smi sees a GPU: the build TORCH_INDEX_URL offers"
+  fi
+else
+  TORCH_WHY="TORCH_SPEC"
+fi
+TORCH_INDEX=(); [ -n "$TORCH_INDEX_URL" ] && TORCH_INDEX=(--index-url "$TORCH_INDEX_URL")
+
+if [ -z "$FAIRSEQ_SPEC" ]; then
+  # PyPI fairseq 0.12.2 does not import on Python >= 3.11 (dataclass mutable
+  # default); ve-fairseq 0.12.3 is a community build of the same code with
+  # wheels for CPython 3.11/3.12.
+  VERSION_OF="$PYTHON"; [ -x "$VENV/bin/python" ] && VERSION_OF="$VENV/bin/python"  # the venv's, once it exists
+  if "$VERSION_OF" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    FAIRSEQ_SPEC="ve-fairseq==0.12.3"
+  else
+    FAIRSEQ_SPEC="fairseq==0.12.2"
+  fi
+fi
+
+if [ "$DRY_RUN" = 1 ]; then
+  echo "[install] would install into $VENV with $($PYTHON --version 2>&1):"
+  echo "[install]   $TORCH_SPEC ($TORCH_WHY)${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
+  echo "[install]   $FAIRSEQ_SPEC (--no-deps)"
+  echo "[install]   fairseq-dnas with the extras test, triton, hf"
+  exit 0
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[install] creating $VENV with $($PYTHON --version 2>&1)"
@@ -23,19 +68,8 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 
-if [ -z "$FAIRSEQ_SPEC" ]; then
-  # PyPI fairseq 0.12.2 does not import on Python >= 3.11 (dataclass mutable
-  # default); ve-fairseq 0.12.3 is a community build of the same code with
-  # wheels for CPython 3.11/3.12.
-  if "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
-    FAIRSEQ_SPEC="ve-fairseq==0.12.3"
-  else
-    FAIRSEQ_SPEC="fairseq==0.12.2"
-  fi
-fi
-
-echo "[install] $TORCH_SPEC"
-"${PIP[@]}" "$TORCH_SPEC"
+echo "[install] $TORCH_SPEC ($TORCH_WHY)"
+"${PIP[@]}" ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"} "$TORCH_SPEC"
 echo "[install] $FAIRSEQ_SPEC (--no-deps: its torchaudio pin would replace torch)"
 "${PIP[@]}" --no-deps "$FAIRSEQ_SPEC"
 echo "[install] fairseq-dnas, fairseq's runtime dependencies, pytest + xdist, triton (GPU kernels; tested on CPU by its interpreter), transformers (fairseq_dnas.hf)"
@@ -49,16 +83,10 @@ echo "[install] fairseq-dnas, fairseq's runtime dependencies, pytest + xdist, tr
 if [ "${USE_UV:-1}" = 1 ] && "${PIP[@]}" uv 2>/dev/null && [ -x "$VENV/bin/uv" ]; then
   "$VENV/bin/uv" pip install --quiet --python "$PY" --compile-bytecode -e ".[test,triton,hf]"
 else
+  # pip then notes that ve-fairseq requires torchaudio: expected, fairseq's
+  # speech models are not used (docs/installation.md).
   "${PIP[@]}" -e ".[test,triton,hf]"
 fi
-echo "[install] (a pip note that ve-fairseq requires torchaudio is expected: fairseq's speech models are not used)"
 
-"$PY" - <<'PYCHECK'
-import torch, fairseq, fairseq_dnas, transformers
-import fairseq_dnas.hf  # registers 'dnas'/'hnas' with transformers
-import fairseq_dnas.plugin  # what --user-dir fairseq_dnas does: registers the models and tasks
-from fairseq.models import ARCH_MODEL_REGISTRY
-assert "transformer_hnas" in ARCH_MODEL_REGISTRY, "fairseq-dnas architectures not registered"
-print(f"[install] ok: torch {torch.__version__}, fairseq {fairseq.__version__}, "
-      f"fairseq-dnas {fairseq_dnas.__version__}, transformers {transformers.__version__}")
-PYCHECK
+GPU_CHECK=(); [ "$GPU" = 1 ] && GPU_CHECK=(--gpu)
+"$PY" -m fairseq_dnas.recipes.install_check ${GPU_CHECK[@]+"${GPU_CHECK[@]}"}

@@ -1,4 +1,4 @@
-"""Bad files fail cleanly (issue 11, part 2).
+"""Bad files fail cleanly.
 
 Every script that reads a checkpoint or data, given a truncated or corrupt
 checkpoint, a checkpoint of another architecture, an empty or truncated data

@@ -147,7 +147,7 @@ def test_quick_kernels_section_times_long_short_and_sdpa(tmp_path):
     """--sections kernels under Triton's interpreter (conftest sets TRITON_INTERPRET=1):
     SDPA, DNAS and HNAS on the long and the one-tile kernels (short: T 32 is short), dropout 0 and 0.1,
     the operation-count floor
-    beside each (issue 28: DNAS 9 matmuls and 4 exponentials a score against
+    beside each (DNAS 9 matmuls and 4 exponentials a score against
     FlashAttention-2's 7 and 2, an exponential weighed as 1.5 matmuls)."""
     from bench_kernels import floor
 
@@ -203,7 +203,7 @@ def test_gpu_quick_refuses_without_a_gpu_and_names_its_parts(tmp_path):
 
 
 def test_gpu_targets_read_the_kernels_alone_at_1024_positions():
-    """bench_report's GPU targets (issue 28): the kernels-alone rows at T 1024,
+    """bench_report's GPU targets (docs/performance.md#targets): the kernels-alone rows at T 1024,
     dropout 0, each kernel set against its limit; SDPA rows, other lengths and
     CPU rows without kernel times are left out."""
     import bench_report

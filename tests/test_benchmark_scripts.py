@@ -1,6 +1,6 @@
 """Every script in benchmarks/ runs: each at its smallest size on CPU, or,
 where it needs CUDA, its --help, its argument checks and its refusal without
-a GPU (issue 42, "tools that run").
+a GPU.
 
 No timing is asserted (a benchmark's figures belong to the benchmark): only
 that each script exits 0 and prints or writes the figures it promises (its
@@ -43,6 +43,7 @@ SCRIPTS = {
     "gpu_measure.sh": "test_benchmark.py::test_gpu_measure_names_its_steps_and_refuses_without_a_gpu",
     "gpu_train_fp16.sh": "test_benchmark_scripts.py::test_gpu_train_fp16_on_cpu_at_tiny_size",
     "gpu_session.sh": "test_benchmark_scripts.py::test_gpu_session_dry_run_prints_the_plan",
+    "bench_cpu_threads.py": "test_machine_defaults.py::test_bench_cpu_threads_smallest_run",
     "triton_spills.py": "test_triton_tiles.py::test_kernels_compile_for_an_h100_within_the_tile_rule",
     "triton_tiles.py": "test_triton_tiles.py::test_tuner_times_every_candidate_and_the_kernels_read_its_file",
 }
@@ -162,7 +163,7 @@ def test_bench_hf_quick(tmp_path):
     ("gpu_quick.py", "--breakdown-steps N"), ("gpu_dropout_mask.py", "--interpreter FILE"),
     ("bench_roberta.py", "--device {cpu,cuda}"), ("bench_two_stream.py", "--device {cpu,cuda}"),
     ("triton_tiles.py", "FAIRSEQ_DNAS_TRITON_TILES"),
-    ("gpu_session.sh", "One prepared command for a lent GPU machine"),
+    ("gpu_session.sh", "One prepared command for a GPU machine without a package registry"),
     ("gpu_measure.sh", "Take the GPU figures"), ("gpu_train_fp16.sh", "fairseq-train --fp16 of the Gigaword"),
 ])
 def test_gpu_scripts_answer_help_without_cuda(script, expected):
@@ -331,7 +332,7 @@ def test_gpu_session_runs_each_step_under_its_timeout_and_logs_it(tmp_path):
     """The session's driver on a stand-in python (no GPU here): the wheels
     installed, each step's output in its own log, a step cut at its timeout
     reported and the others still run, summaries in session.log, exit 1, at
-    most 8 files (what the device tool brings back)."""
+    most 8 files."""
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
     fake.write_text(FAKE_PYTHON)

@@ -404,7 +404,7 @@ def test_fused_gumbel_attention_is_finite_in_half_precision(dtype):
         assert out.dtype == dtype and bool(torch.isfinite(out).all())
 
 
-# --- the CPU noise draw and the sample from A (issue 33) ------------------------
+# --- the CPU noise draw and the sample from A -------------------------------------
 
 # Chi-square critical value for 15 degrees of freedom at p = 0.001.
 CHI2_15DOF_P001 = 37.697
@@ -577,7 +577,7 @@ def test_sample_from_probs_refuses_a_noise_of_another_shape():
         D.gumbel_softmax_from_probs(a.log(), a, torch.ones(3))
 
 
-# --- inference by index (issue 43, part 4) ----------------------------------------
+# --- inference by index -----------------------------------------------------------
 
 
 def one_hot_product(logits, v, *, need_weights):

@@ -1,4 +1,4 @@
-"""What the plugin changes in fairseq (fairseq_dnas/fairseq_patches, issue 25):
+"""What the plugin changes in fairseq (fairseq_dnas/fairseq_patches):
 importing the torch-only parts changes nothing; ``--user-dir`` and the
 explicit ``install()`` install every patch of the table; each switch turns
 its patch off; installing twice wraps once; and every plugin flag error ends
@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 import fork_server
-from helpers import BIN, ROOT, USER_DIR, WORDS
+from helpers import BIN, ROOT, USER_DIR, WORDS, build_model, tiny_args
 from helpers import run as run_command
 
 from fairseq_dnas.fairseq_patches import LOAD_CHECKPOINT_LAYERS, PATCHES, add_load_checkpoint_layer
@@ -291,6 +291,14 @@ def test_plain_fairseq_train_prints_a_bad_flag_in_one_line(tmp_path):
     (["--arch", "transformer_hnas", "--sinkhorn-iters", "0"], ["--sinkhorn-iters must be an integer >= 1"]),
     (["--arch", "transformer_dnas", "--decoder-attention-scheme", "dnas"],
      ["--decoder-attention-scheme dnas is not possible", "Keep the decoder at 'unas'"]),
+    # a scheme flag the encoder's scheme does not read (the architecture fills in every default, so
+    # only a flag typed on the command line is refused)
+    (["--arch", "transformer_dnas", "--hybrid-init", "0.3"],
+     ["--hybrid-init 0.3 does nothing with a dnas encoder", "applies to hnas only", "--encoder-attention-scheme hnas"]),
+    (["--arch", "transformer_dnas", "--hybrid-weight-per", "layer"],
+     ["--hybrid-weight-per layer does nothing with a dnas encoder"]),
+    (["--arch", "transformer_hnas", "--encoder-attention-scheme", "unas", "--sinkhorn-iters", "3"],
+     ["--sinkhorn-iters 3 does nothing with a unas encoder", "applies to dnas and hnas only"]),
     (["--arch", "transformer_hnas", "--task", "translation_rouge", "--eval-rouge", "--eval-rouge-args", "[4]"],
      ["--eval-rouge-args must be a JSON object"]),
     (["--arch", "transformer_hnas", "--task", "translation_rouge", "--eval-rouge",
@@ -301,6 +309,32 @@ def test_every_plugin_flag_error_is_one_line(tmp_path, flags, words):
     proc = run_command(["fairseq-train", data, "--user-dir", USER_DIR, *flags, "--save-dir", str(tmp_path / "save"),
                         *TRAIN], check=False, env={"OMP_NUM_THREADS": "1"})
     _assert_error_line(proc, *words)
+
+
+def test_a_missing_data_folder_or_batch_size_is_one_line(tmp_path):
+    """fairseq ends these in a FileNotFoundError traceback from the task, and
+    an AssertionError traceback from fairseq_cli's check of the batch size."""
+    missing = str(tmp_path / "no-such-bin")
+    proc = run_command(["fairseq-train", missing, "--user-dir", USER_DIR, "--arch", "transformer_hnas",
+                        "--save-dir", str(tmp_path / "save"), *TRAIN], check=False, env={"OMP_NUM_THREADS": "1"})
+    _assert_error_line(proc, f"{missing}: no such data folder", "fairseq-preprocess")
+    unbatched = [a for i, a in enumerate(TRAIN) if "--batch-size" not in TRAIN[max(0, i - 1):i + 1]]
+    proc = run_command(["fairseq-train", missing, "--user-dir", USER_DIR, "--arch", "transformer_hnas",
+                        "--save-dir", str(tmp_path / "save"), *unbatched], check=False, env={"OMP_NUM_THREADS": "1"})
+    _assert_error_line(proc, "Must specify batch size either with --max-tokens or --batch-size")
+    assert not list(tmp_path.glob("save/*.pt"))
+
+
+def test_hnas_flags_given_on_the_command_line_still_build_and_reload(tmp_path):
+    """--hybrid-init and --hybrid-weight-per with HNAS train, and the checkpoint (which keeps
+    the note of the flags given) loads into fairseq-generate's model again."""
+    args = tiny_args("transformer_hnas", ["--hybrid-init", "0.25", "--hybrid-weight-per", "layer"])
+    assert args.dnas_flags_given == ["--hybrid-init", "--hybrid-weight-per"]
+    model = build_model("transformer_hnas", args=args)
+    assert model.hybrid_weights() == [[pytest.approx(0.25)] * 4, [pytest.approx(0.25)] * 4]
+    dnas = tiny_args("transformer_dnas")
+    assert not hasattr(dnas, "dnas_flags_given") and dnas.hybrid_init == 0.5  # defaults are not "given"
+    build_model("transformer_dnas", args=dnas)
 
 
 def test_roberta_flag_error_is_one_line(tmp_path):

@@ -247,7 +247,7 @@ def test_what_states_a_figure():
 
 
 def test_a_row_that_contradicts_its_record_fails():
-    """README's Table 6.1 row before issue 42 (its UNAS cell), pointed at the
+    """README's earlier Table 6.1 row (its UNAS cell), pointed at the
     3-seed record that replaced it: 0.019 is not in that record (78.7 and
     0.099 happen to be, in other rows: the check is by value, per record)."""
     row = ("| SST (Jain & Wallace split), accuracy (%) / Kendall tau | thesis-size encoders from scratch, "

@@ -176,41 +176,6 @@ def test_quickstart_chain_on_real_gigaword_reaches_the_rouge_floor(gigaword_dir,
         f"{lead['stemmed']['rouge1']['fmeasure']['mean']:.2f})"
 
 
-def _release_archive(tmp_path):
-    """A summary.tar.gz shaped like the harvardnlp release (training files gzipped)."""
-    import gzip
-    import tarfile
-
-    root = make_sumdata(tmp_path / "release" / "sumdata")
-    for rel in (FILES["train_a"], FILES["train_t"]):
-        with open(root / rel, "rb") as fin, gzip.open(str(root / rel) + ".gz", "wb") as fout:
-            fout.write(fin.read())
-        (root / rel).unlink()
-    archive = tmp_path / "summary.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(root, arcname="sumdata")
-    return archive
-
-
-def test_prepare_download_unpacks_the_release_layout(tmp_path):
-    archive = _release_archive(tmp_path)
-    proc = prepare("download", tmp_path / "out", DOWNLOAD_URL=archive.as_uri())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "downloading the public Gigaword release" in proc.stderr
-    assert len(_lines(tmp_path / "out/spm/train.article")) == 60
-    assert (tmp_path / "out/download/sumdata/train/train.article.txt").exists()
-
-
-def test_download_refuses_a_web_page_instead_of_the_archive(tmp_path):
-    page = tmp_path / "page.html"
-    page.write_text("<html>Google Drive can't scan this file for viruses</html>")
-    proc = subprocess.run([sys.executable, "-m", "fairseq_dnas.recipes.gigaword_download",
-                           str(tmp_path / "dl"), "--url", page.as_uri()],
-                          capture_output=True, text=True)
-    assert proc.returncode == 1 and "did not return a gzip archive" in proc.stderr
-    assert "gdown" in proc.stderr and not any((tmp_path / "dl").iterdir())
-
-
 @pytest.mark.parametrize("nproc, nnodes, expected", [
     ("1", "1", "--batch-size 128 --update-freq 4"),
     ("4", "1", "--batch-size 128 --update-freq 1"),

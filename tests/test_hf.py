@@ -162,7 +162,8 @@ def test_bert_model_matches_float64_reference():
     transformers.masking_utils.AttentionMaskInterface.register("ref64_test", transformers.masking_utils.sdpa_mask)
     ids, mask = batch("bert")
     for scheme in ("dnas", "hnas"):
-        model = hf.enable(sharpen(BertModel(BertConfig(**SMALL)).eval()), scheme=scheme, hybrid_init=0.3)
+        settings = {"hybrid_init": 0.3} if scheme == "hnas" else {}
+        model = hf.enable(sharpen(BertModel(BertConfig(**SMALL)).eval()), scheme=scheme, **settings)
         out = model(input_ids=ids, attention_mask=mask).last_hidden_state
         ref = hf.enable(BertModel(BertConfig(**SMALL)).eval(), scheme=scheme).double()
         ref.load_state_dict(model.state_dict())

@@ -1,5 +1,5 @@
-"""fairseq_dnas.hf with scheme='discrete' (J. Kinley, 2020, Section 4.1;
-issue 43, part 2): every bidirectional self-attention of the supported
+"""fairseq_dnas.hf with scheme='discrete' (J. Kinley, 2020, Section 4.1):
+every bidirectional self-attention of the supported
 families takes one key per query and head, the Gumbel-softmax relaxation in
 training and the argmax at inference, through the fairseq models' code
 (``attention.discrete``).

@@ -1,4 +1,4 @@
-"""examples/hf/sst_schemes.py (issue 43's example): one tiny discrete
+"""examples/hf/sst_schemes.py: one tiny discrete
 classifier trained a few steps on the first sentences of the SST split,
 saved with its tokenizer and loadable; a finished run is not redone; the
 table step reads it; bad data fails with one line."""
@@ -64,6 +64,8 @@ def test_driver_trains_saves_resumes_and_tabulates(tmp_path, sst_binary_dir):
 
 def test_bad_data_fails_with_one_line(tmp_path):
     (tmp_path / "train.tsv").write_text("text\tlabel\nfine\t1\n")
+    for split in ("dev", "test"):
+        (tmp_path / f"{split}.tsv").write_text("sentence\tlabel\nfine\t1\n")
     proc = _run("train", "--scheme", "sdpa", "--seed", "1", "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path))
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [

@@ -1,4 +1,4 @@
-"""The repository's layout holds (issue 35): the commands a user runs are
+"""The repository's layout holds: the commands a user runs are
 modules of ``fairseq_dnas.commands`` that answer ``--help`` from any
 directory; scripts/ holds only what a user runs; nothing edits sys.path
 outside tests/conftest.py; imports only go down (the analysis library never

@@ -1,4 +1,4 @@
-"""fairseq's own commands with --user-dir fairseq_dnas report bad files in one line (issue 19, part 2).
+"""fairseq's own commands with --user-dir fairseq_dnas report bad files in one line.
 
 ``fairseq-train``, ``fairseq-generate``, ``fairseq-interactive`` and
 ``fairseq-validate`` run as a user types them (no recipe script around them),

@@ -1,4 +1,4 @@
-"""The console progress of long recipe steps (issue 17): fairseq_dnas/recipes/progress.py
+"""The console progress of long recipe steps: fairseq_dnas/recipes/progress.py
 reads real fairseq logs (both logging layouts, simple and json formats) and
 generate output, and examples/common.sh's start_progress/stop_progress never
 hide the job's exit status nor leave a follower behind."""

@@ -1,4 +1,4 @@
-"""Property tests of the math (issue 11, part 3), with Hypothesis.
+"""Property tests of the math, with Hypothesis.
 
 ``attention_probs`` and every execution path of ``kernels.attend`` (every
 name in ``kernels.PATHS``, so a path added there is tested without editing

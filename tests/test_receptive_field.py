@@ -1,6 +1,6 @@
 """Receptive fields of discrete attention (J. Kinley, 2020, Appendix):
 the boolean recursion and its soft form on hand-built graphs
-(fairseq_dnas/analysis/receptive_field.py); the acceptance test of issue 27
+(fairseq_dnas/analysis/receptive_field.py); the acceptance test of the analysis
 (a discrete classifier at inference has gradient importance exactly 0
 outside the receptive field of the position its head reads, and its
 prediction does not move, bit for bit, when an embedding outside is

@@ -1,5 +1,5 @@
 """The recipe scripts take PYTHON as a path or as a command name on PATH
-(issue 11, part 5: PYTHON=python3 used to be refused with "no Python found")."""
+(PYTHON=python3 used to be refused with "no Python found")."""
 
 import os
 import shutil

@@ -1,4 +1,4 @@
-"""Interrupted training resumes exactly (issue 11, part 1; issue 19, part 1).
+"""Interrupted training resumes exactly.
 
 examples/gigaword/train.sh on a tiny CPU model, killed with SIGKILL in the
 middle of an epoch after a checkpoint_last.pt exists, then restarted with the
@@ -163,7 +163,7 @@ def test_killed_run_resumes_to_the_same_parameters_bitwise(alone, data, killer, 
 
 def test_stop_then_continue_with_a_larger_max_update_through_train_sh(alone, data, killer, tmp_path):
     """MAX_UPDATE=22 (2 updates into epoch 2), then the same command with
-    MAX_UPDATE=30: the same as MAX_UPDATE=30 in one go (issue 19: 4e-3 apart before)."""
+    MAX_UPDATE=30: the same as MAX_UPDATE=30 in one go (4e-3 apart before the fix)."""
     arch, save_dir = "transformer_dnas", tmp_path / "stopped"
     proc, alone_dir = alone(arch)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -179,7 +179,7 @@ def test_stop_then_continue_with_a_larger_max_update_through_train_sh(alone, dat
 
 # ---------------------------------------------------- plain fairseq-train
 
-# What a user types (the README's first example), at the size of issue 19:
+# What a user types (the README's first example), at the size where it was first seen to differ:
 # 200 pairs / 16 = 13 updates an epoch, a checkpoint every 7 updates, dropout on.
 # The discrete model also anneals its temperature (a function of the update
 # count, set again after loading) and draws Gumbel noise every update.
@@ -222,7 +222,7 @@ def plain(tmp_path_factory):
     return data_bin, left_alone
 
 
-# (arch, first --max-update, dropout): issue 19's cases. 17 and 14: inside
+# (arch, first --max-update, dropout): the cases first seen to differ. 17 and 14: inside
 # epoch 2; 26: the end of epoch 2 (the restart begins epoch 3).
 # The default tier stops at the epoch's end (batches and scheduler both
 # matter there); train.sh's test and the kill tests cover inside epoch 2.

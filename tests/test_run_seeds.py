@@ -1,4 +1,4 @@
-"""examples/gigaword/run_seeds.sh with JOBS=2 on CPU (issue 11, part 4): two
+"""examples/gigaword/run_seeds.sh with JOBS=2 on CPU: two
 train+decode jobs at once, stopped midway and resumed to the same table."""
 
 import os

@@ -209,8 +209,7 @@ def test_attend_runs_the_one_tile_kernels_up_to_128(length, first_kernel, monkey
 def test_two_kernels_a_step(scheme, p, monkeypatch):
     """Every Triton launch and every torch operation that computes, forward
     and backward, through ``kernels.attend``: the two kernels, the seed draw
-    with dropout and, for HNAS, dL/du's sum over the batch (issue 28's budget
-    is 5)."""
+    with dropout and, for HNAS, dL/du's sum over the batch (the budget is 5)."""
     monkeypatch.delenv(selection.SHORT_ENV, raising=False)
     q, k, v, do, u = _inputs(F16, tq=20, tk=20, d=16, batch=2, heads=1)
     kmask, _ = _masks(left=True, tq=20, tk=20, batch=2)

@@ -42,7 +42,7 @@ EVAL_ROUGE_SENTENCES="${EVAL_ROUGE_SENTENCES:-2000}"  # validation pairs decoded
 EVAL_ROUGE_BEAM="${EVAL_ROUGE_BEAM:-4}"
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
 DRY_RUN="${DRY_RUN:-0}"                     # 1: print the command and stop
-CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"  # CPU mode: threads shared by the processes
+CPU_THREADS="${CPU_THREADS:-}"                 # CPU mode: threads shared by the processes (empty: the cores not already busy)
 
 source "$(dirname "$0")/../common.sh"
 check_python

@@ -22,14 +22,31 @@ import time
 import numpy as np
 import torch
 
-DEFAULT_DATA = os.environ.get("SST2_DIR", os.path.join(os.path.dirname(__file__), "../../../shared/data/glue/SST-2"))
+DEFAULT_DATA = os.environ.get("SST2_DIR")  # no default folder: the data is the user's
 PAD, UNK, CLS = 0, 1, 2
+
+
+def evaluation_file(data_dir):
+    """The labelled file to report on: test.tsv when it has labels (a folder
+    whose test.tsv holds the 872 labelled sentences), else dev.tsv (GLUE's own
+    download, where those 872 are dev.tsv and test.tsv is unlabelled, with the
+    header 'index<TAB>sentence')."""
+    test, dev = os.path.join(data_dir, "test.tsv"), os.path.join(data_dir, "dev.tsv")
+    if os.path.exists(test):
+        with open(test, encoding="utf-8") as f:
+            header = f.readline().rstrip("\n").split("\t")
+        if header[:1] != ["index"] or not os.path.exists(dev):
+            return test
+        print(f"[sst2] {test} is GLUE's unlabelled test split: reporting on {dev} (GLUE's 872 labelled "
+              "sentences)", file=sys.stderr)
+    return dev if os.path.exists(dev) else test
 
 
 def read_tsv(path):
     """(sentences, labels) of a GLUE SST-2 file with a 'sentence<TAB>label' header."""
     if not os.path.exists(path):
-        sys.exit(f"error: {path} not found: pass --data-dir, the GLUE SST-2 directory with train.tsv and test.tsv")
+        sys.exit(f"error: {path} not found: pass --data-dir (or set SST2_DIR), a GLUE SST-2 folder with train.tsv "
+                 "and dev.tsv (GLUE's download) or train.tsv and a labelled test.tsv")
     sentences, labels = [], []
     with open(path, encoding="utf-8") as f:
         header = f.readline().rstrip("\n").split("\t")
@@ -83,6 +100,8 @@ def main():
     p.add_argument("--hybrid-init", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
+    if not args.data_dir:
+        sys.exit("error: no data folder: pass --data-dir or set SST2_DIR to a GLUE SST-2 folder")
 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, Trainer, TrainingArguments
 
@@ -90,7 +109,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     train_x, train_y = read_tsv(os.path.join(args.data_dir, "train.tsv"))
-    test_x, test_y = read_tsv(os.path.join(args.data_dir, "test.tsv"))
+    test_x, test_y = read_tsv(evaluation_file(args.data_dir))
     torch.manual_seed(args.seed)
     if args.model_dir:
         tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
@@ -107,7 +126,7 @@ def main():
             max_position_embeddings=args.max_len, num_labels=2, pad_token_id=PAD,
         )
         model = AutoModelForSequenceClassification.from_config(config)
-    hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init)
+    hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init if args.scheme == "hnas" else None)
 
     train = [{"input_ids": encode(s), "labels": y} for s, y in zip(train_x, train_y)]
     test = [{"input_ids": encode(s), "labels": y} for s, y in zip(test_x, test_y)]

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 OUT="${OUT:-examples/hf/results}"          # one JSON per run
-SST2_DIR="${SST2_DIR:-/work/shared/data/glue/SST-2}"
+SST2_DIR="${SST2_DIR:?set SST2_DIR to a GLUE SST-2 folder (train.tsv, and dev.tsv or a labelled test.tsv)}"
 STEPS="${STEPS:-400}"                       # training steps per run (batch 32)
 SEEDS="${SEEDS:-1 2 3}"
 SCHEMES="${SCHEMES:-unas dnas hnas}"

@@ -42,9 +42,14 @@ def fail(message):
 
 
 def data_dir(args):
-    """--data-dir, or SST_BINARY_DIR; neither is a one-line error."""
+    """--data-dir, or SST_BINARY_DIR, holding train.tsv, dev.tsv and test.tsv;
+    anything else is a one-line error, before any run starts."""
     if not args.data_dir:
         fail("no data folder: pass --data-dir or set SST_BINARY_DIR to the folder with train.tsv, dev.tsv, test.tsv")
+    missing = [n for n in ("train.tsv", "dev.tsv", "test.tsv") if not os.path.isfile(os.path.join(args.data_dir, n))]
+    if missing:
+        fail(f"{args.data_dir} lacks {', '.join(missing)}: pass --data-dir (or SST_BINARY_DIR), the folder with "
+             "train.tsv, dev.tsv and test.tsv")
     return args.data_dir
 
 
@@ -95,7 +100,8 @@ def build_model(args, tokenizer):
     )
     model = BertForSequenceClassification(config)
     if args.scheme != "sdpa":
-        hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init, gumbel_temperature=args.gumbel_temperature)
+        hf.enable(model, scheme=args.scheme, hybrid_init=args.hybrid_init if args.scheme == "hnas" else None,
+                  gumbel_temperature=args.gumbel_temperature if args.scheme == "discrete" else None)
     return model
 
 
@@ -174,6 +180,7 @@ def train(args):
 
 def run_all(args):
     """Every scheme x seed, one process each (a crash names its run)."""
+    data_dir(args)  # checked before the first run starts
     runs = [(scheme, seed) for seed in args.seeds for scheme in args.schemes]
     for number, (scheme, seed) in enumerate(runs, start=1):
         print(f"[sst] run {number}/{len(runs)}: {scheme} seed {seed}", flush=True)

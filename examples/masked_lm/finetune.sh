@@ -44,7 +44,7 @@ WARMUP_UPDATES="${WARMUP_UPDATES:-$((MAX_UPDATE * 6 / 100))}"  # fairseq's GLUE 
 VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-$MAX_UPDATE}"  # dev score (and checkpoint) every N updates
 PATIENCE="${PATIENCE:-0}"                    # stop after N validations without improvement (0: never)
 LOG_INTERVAL="${LOG_INTERVAL:-50}"
-CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"
+CPU_THREADS="${CPU_THREADS:-}"                 # CPU mode: threads shared by the processes (empty: the cores not already busy)
 DRY_RUN="${DRY_RUN:-0}"                      # 1: print the command and stop
 
 source "$(dirname "$0")/../common.sh"

@@ -30,7 +30,7 @@ LR="${LR:-5e-4}"
 WARMUP_UPDATES="${WARMUP_UPDATES:-$((MAX_UPDATE / 10))}"
 VALIDATE_INTERVAL_UPDATES="${VALIDATE_INTERVAL_UPDATES:-$MAX_UPDATE}"  # validation and checkpoint every N updates
 LOG_INTERVAL="${LOG_INTERVAL:-50}"
-CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"
+CPU_THREADS="${CPU_THREADS:-}"                 # CPU mode: threads shared by the processes (empty: the cores not already busy)
 DRY_RUN="${DRY_RUN:-0}"                      # 1: print the command and stop
 
 source "$(dirname "$0")/../common.sh"

@@ -39,7 +39,7 @@ EVAL_BLEU_BEAM="${EVAL_BLEU_BEAM:-1}"        # validation decoding (greedy: chea
 SAVE_DIR="${SAVE_DIR:-checkpoints/translation/$ARCH-$SIZE-seed$SEED}"
 DEVICE="${DEVICE:-auto}"                    # gpu | cpu | auto
 NPROC="${NPROC:-0}"                         # processes (0: every GPU; 1 on CPU)
-CPU_THREADS="${CPU_THREADS:-$(nproc 2>/dev/null || echo 1)}"  # CPU mode: threads shared by the processes
+CPU_THREADS="${CPU_THREADS:-}"                 # CPU mode: threads shared by the processes (empty: the cores not already busy)
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
 DRY_RUN="${DRY_RUN:-0}"                     # 1: print the command and stop
 

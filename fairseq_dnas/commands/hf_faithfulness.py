@@ -16,8 +16,8 @@ docs/analysis.md.
 
 TEST.tsv: one "sentence<TAB>label" a line, UTF-8 (a first line
 "sentence<TAB>label" is a header and skipped; blank lines are skipped), the
-label the class index 0 .. num_labels-1 of the model (SST and GLUE's
-layout, e.g. ../shared/data/sst-binary/test.tsv). The sentence goes through
+label the class index 0 .. num_labels-1 of the model (the layout of GLUE's
+SST-2 dev.tsv and of Jain & Wallace's SST test.tsv). The sentence goes through
 the model's own tokenizer as it is.
 
 Importance at h0, the output of the embeddings module (after its LayerNorm,

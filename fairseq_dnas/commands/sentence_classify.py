@@ -134,7 +134,8 @@ def read_lines(path):
 
 def read_labelled(path, known):
     lines = read_lines(path)
-    start = 1 if lines[0].split("\t")[-1].strip() == "label" else 0
+    head = [x.strip() for x in lines[0].split("\t")]
+    start = 1 if "label" in (head[0], head[-1]) else 0
     sentences, gold = [], []
     for i, line in enumerate(lines[start:], start + 1):
         if not line.strip():
@@ -144,6 +145,9 @@ def read_labelled(path, known):
             raise BadInput(f"{path}:{i}: expected 'sentence<TAB>label', found {len(parts)} column(s)")
         label = parts[-1].strip()
         if label not in known:
+            if len(parts) == 2 and parts[0].strip() in known:
+                raise BadInput(f"{path}:{i}: the columns look swapped: {parts[0].strip()!r} first is a label the "
+                               "model knows; give 'sentence<TAB>label' a line")
             raise BadInput(f"{path}:{i}: label {label!r} is not one the model knows ({', '.join(known)})")
         sentences.append("\t".join(parts[:-1]).strip())
         gold.append(known.index(label))

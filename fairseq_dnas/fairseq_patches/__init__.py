@@ -97,16 +97,18 @@ PATCHES = (
         "file_checks",
         ("fairseq.checkpoint_utils.load_checkpoint_to_cpu", "fairseq.checkpoint_utils.load_model_ensemble_and_task",
          "fairseq.trainer.Trainer.load_checkpoint", "fairseq.data.data_utils.load_indexed_dataset",
-         "fairseq.data.Dictionary.load"),
-        "a truncated or foreign checkpoint, an empty or truncated .idx/.bin, a malformed dictionary "
-        "raise BadFile('<path>: <what is wrong>') instead of a traceback or garbage batches",
+         "fairseq.data.Dictionary.load", "fairseq.tasks.setup_task"),
+        "a truncated or foreign checkpoint, an empty or truncated .idx/.bin, a malformed dictionary, "
+        "a data folder that does not exist raise BadFile('<path>: <what is wrong>') instead of a "
+        "traceback or garbage batches",
         "file_checks:install",
         command_line=True,
     ),
     Patch(
         "one_line_errors",
         ("sys.excepthook",),
-        "an uncaught BadFile or BadFlag prints one line 'error: <message>' (exit status 1) instead of "
+        "an uncaught BadFile or BadFlag, or an assert of fairseq_cli's own command-line checks (no "
+        "--max-tokens or --batch-size), prints one line 'error: <message>' (exit status 1) instead of "
         "a traceback; every other exception reaches the previous hook",
         "file_checks:install_excepthook",
         command_line=True,

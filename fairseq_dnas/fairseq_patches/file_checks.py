@@ -139,9 +139,21 @@ def _load_checkpoint_layer(load, trainer, filename, *args, **kwargs):
         raise _architecture_error(filename, err) from None
 
 
+def check_data_paths(cfg) -> None:
+    """BadFile for a data path (fairseq's positional DATA; several joined by
+    ':') that does not exist: fairseq would fail with a FileNotFoundError
+    traceback from deep inside the task."""
+    data = getattr(cfg, "data", None)
+    if not isinstance(data, str) or not data:
+        return
+    for path in data.split(os.pathsep):
+        if path and not os.path.exists(path):
+            raise BadFile(path, "no such data folder (give the folder fairseq-preprocess wrote, its --destdir)")
+
+
 def install() -> None:
     """Wrap fairseq's checkpoint and data readers (idempotent)."""
-    from fairseq import checkpoint_utils, trainer
+    from fairseq import checkpoint_utils, tasks, trainer
     from fairseq.data import Dictionary, data_utils
 
     from fairseq_dnas.fairseq_patches import add_load_checkpoint_layer, is_patched, mark
@@ -176,14 +188,21 @@ def install() -> None:
     def load(cls, f):
         return read_dictionary(lambda path: load_dictionary(cls, path), f)
 
+    setup = tasks.setup_task
+
+    def setup_task(cfg, *args, **kwargs):
+        check_data_paths(cfg)
+        return setup(cfg, *args, **kwargs)
+
     for wrapper, wrapped in ((load_checkpoint_to_cpu, load_to_cpu), (load_model_ensemble_and_task, load_ensemble),
-                             (load_indexed_dataset, load_indexed), (load, load_dictionary)):
+                             (load_indexed_dataset, load_indexed), (load, load_dictionary), (setup_task, setup)):
         wrapper.__wrapped__ = wrapped
         mark(wrapper, "file_checks")
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
     checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
     data_utils.load_indexed_dataset = load_indexed_dataset
     Dictionary.load = classmethod(load)
+    tasks.setup_task = setup_task
 
 
 # fairseq's command-line tools that get the one-line errors (console script
@@ -209,11 +228,23 @@ def error_line(err: Exception) -> str:
     return f"error: {err}"
 
 
+def _raised_by_fairseq_cli(tb) -> bool:
+    """Whether the innermost frame of ``tb`` is in fairseq's command code
+    (fairseq_cli/), where its asserts are checks of the command line."""
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}fairseq_cli{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
 def _excepthook_with_bad_files(previous):
     def excepthook(exc_type, exc, tb):
         if isinstance(exc, (BadFile, BadFlag)):
             print(error_line(exc), file=sys.stderr, flush=True)
             return  # the interpreter then exits with status 1, as after any uncaught exception
+        if isinstance(exc, AssertionError) and str(exc).strip() and _raised_by_fairseq_cli(tb):
+            # e.g. "Must specify batch size either with --max-tokens or --batch-size"
+            print(error_line(" ".join(str(exc).split())), file=sys.stderr, flush=True)
+            return
         previous(exc_type, exc, tb)
 
     excepthook.__wrapped__ = previous

@@ -11,6 +11,7 @@ loads a model saved after ``enable``: transformers drops the weights its
 classes do not define, so the HNAS logits are read back from the files.
 """
 
+import contextlib
 import json
 import os
 from typing import List, Tuple
@@ -92,28 +93,55 @@ def _num_heads(module, config) -> int:
     raise ValueError(f"cannot tell the number of heads of {type(module).__name__}")
 
 
-def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "head",
-           gumbel_temperature: float = 1.0, gumbel_hard: bool = False):
+# The settings each scheme reads, with their defaults; any other setting given
+# to enable() does nothing and is refused.
+SETTINGS = {
+    "unas": {},
+    "dnas": {},
+    "hnas": {"hybrid_init": 0.5, "per": "head"},
+    DISCRETE: {"gumbel_temperature": 1.0, "gumbel_hard": False},
+}
+
+
+def scheme_settings(scheme: str, **given) -> dict:
+    """The settings ``scheme`` reads, from ``given`` (None: not given) or its
+    defaults; ValueError naming a setting given that the scheme does not read."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
+    wanted = SETTINGS[scheme]
+    for name, value in given.items():
+        if value is not None and name not in wanted:
+            users = " and ".join(f"scheme={s!r}" for s, names in SETTINGS.items() if name in names)
+            raise ValueError(f"{name}={value!r} does nothing with scheme={scheme!r}: it applies to {users} "
+                             f"only; drop it")
+    return {name: default if given.get(name) is None else given[name] for name, default in wanted.items()}
+
+
+def enable(model, scheme: str = "hnas", hybrid_init: float = None, per: str = None,
+           gumbel_temperature: float = None, gumbel_hard: bool = None):
     """Make ``model``'s bidirectional self-attention DNAS, HNAS or discrete (in place; returns ``model``).
 
     scheme: 'dnas', 'hnas', 'discrete' (J. Kinley, 2020: one key per query
         and head, sampled from softmax(L)) or 'unas' (softmax through the
         same code, for checks).
-    hybrid_init: HNAS's initial u (paper: 0.5; 0.1 for Gigaword).
-    per: 'head' (one u per layer and head) or 'layer' (one per layer).
+    hybrid_init: HNAS only: the initial u (default 0.5, the paper's; 0.1 for Gigaword).
+    per: HNAS only: 'head' (default: one u per layer and head) or 'layer' (one per layer).
     gumbel_temperature: discrete only: tau of the relaxed sample in training
-        (fairseq's --gumbel-temperature; the thesis: 1). Set
+        (default 1, the thesis's; fairseq's --gumbel-temperature). Set
         ``module.gumbel_temperature`` on the attention modules to anneal it.
     gumbel_hard: discrete only: straight-through, a one-hot forward with the
-        relaxed gradient (fairseq's --gumbel-hard).
+        relaxed gradient (default False; fairseq's --gumbel-hard).
+    A setting given for a scheme that does not read it is a ValueError.
     In eval mode (``model.eval()``) discrete attention takes the argmax key
     of each row, without noise.
 
     The implementation is set on ``model.config``: other models built from the
     same config object switch with it (give each its own copy).
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
+    settings = scheme_settings(scheme, hybrid_init=hybrid_init, per=per, gumbel_temperature=gumbel_temperature,
+                               gumbel_hard=gumbel_hard)
+    hybrid_init, per = settings.get("hybrid_init"), settings.get("per", "head")
+    gumbel_temperature, gumbel_hard = settings.get("gumbel_temperature"), settings.get("gumbel_hard")
     if per not in HYBRID_PER:
         raise ValueError(f"unknown per={per!r}: choose one of {', '.join(HYBRID_PER)}")
     if scheme == DISCRETE:
@@ -165,9 +193,15 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = 0.5, per: str = "he
             for attr in (TEMPERATURE_ATTR, HARD_ATTR):
                 if hasattr(module, attr):
                     delattr(module, attr)
-    model.config.dnas = {"scheme": scheme, "hybrid_init": hybrid_init, "per": per}
     if scheme == DISCRETE:
-        model.config.dnas.update(gumbel_temperature=float(gumbel_temperature), gumbel_hard=gumbel_hard)
+        settings["gumbel_temperature"] = float(gumbel_temperature)
+    model.config.dnas = {"scheme": scheme, **settings}  # only what the scheme reads
+    # Saved in config.json, read back by transformers' own from_pretrained as the
+    # implementation: a plain load of this folder then runs the scheme (DNAS), or
+    # stops at the first forward with a line naming hf.from_pretrained (HNAS,
+    # discrete: their weights and settings are not restored), or, without
+    # fairseq_dnas.hf imported, is refused by transformers: never a silent sdpa model.
+    model.config.attn_implementation = scheme
     model.set_attn_implementation(scheme)
     return model
 
@@ -221,17 +255,44 @@ def load_hybrid_logits(model, path: str) -> int:
     return len(own)
 
 
+@contextlib.contextmanager
+def _hybrid_logits_expected(model_class):
+    """transformers reports the saved weights its classes do not define as
+    UNEXPECTED in its LOAD REPORT; ``from_pretrained`` restores the HNAS
+    logits itself (load_hybrid_logits), so during its load, and for those
+    keys only, transformers is told to expect them. Any other unexpected or
+    missing key is still reported."""
+    own = "_keys_to_ignore_on_load_unexpected" in vars(model_class)
+    before = vars(model_class).get("_keys_to_ignore_on_load_unexpected")
+    inherited = getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or []
+    model_class._keys_to_ignore_on_load_unexpected = [*inherited, rf"(^|\.){LOGIT}$"]
+    try:
+        yield
+    finally:
+        if own:
+            model_class._keys_to_ignore_on_load_unexpected = before
+        else:
+            del model_class._keys_to_ignore_on_load_unexpected
+
+
 def from_pretrained(model_class, path: str, **kwargs):
     """``model_class.from_pretrained(path)`` for a model saved after ``enable``,
     with its scheme and HNAS weights restored."""
-    model = model_class.from_pretrained(path, **kwargs)
+    if not os.path.isdir(path):
+        raise ValueError(f"{path} is not a folder: hf.from_pretrained loads the folder that save_pretrained wrote "
+                         "after fairseq_dnas.hf.enable")
+    register()  # config.json names the scheme as its implementation
+    with _hybrid_logits_expected(model_class):
+        model = model_class.from_pretrained(path, **kwargs)
     settings = getattr(model.config, "dnas", None)
     if not isinstance(settings, dict) or settings.get("scheme") not in SCHEMES:
         raise ValueError(
             f"{path} was not saved after fairseq_dnas.hf.enable (config.json has no 'dnas' entry): load it with "
             f"{model_class.__name__}.from_pretrained and call fairseq_dnas.hf.enable(model, scheme=...)"
         )
-    enable(model, **settings)
+    # only the settings its scheme reads (folders saved by earlier versions record all of them)
+    scheme = settings["scheme"]
+    enable(model, scheme=scheme, **{k: v for k, v in settings.items() if k in SETTINGS[scheme]})
     if settings["scheme"] == "hnas":
         load_hybrid_logits(model, path)
     return model

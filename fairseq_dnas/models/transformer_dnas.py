@@ -8,6 +8,8 @@ decoder queries do not exist yet.
     fairseq-train DATA --user-dir fairseq_dnas --arch transformer_hnas ...
 """
 
+import argparse
+
 from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
@@ -57,6 +59,40 @@ def validate_attention_args(args) -> None:
             f"--hybrid-weight-per must be one of {', '.join(HYBRID_PER)}; got "
             f"{args.hybrid_weight_per!r}"
         )
+    check_flags_apply(args)
+
+
+GIVEN = "dnas_flags_given"  # the scheme flags set on the command line (checked by validate_attention_args)
+ONLY_FOR = {  # flag -> the encoder schemes that read it
+    "--hybrid-init": ("hnas",),
+    "--hybrid-weight-per": ("hnas",),
+    "--sinkhorn-iters": ("dnas", "hnas"),
+}
+
+
+class _Given(argparse.Action):
+    """Stores the value and notes the flag in ``args.dnas_flags_given``: the
+    architecture functions fill in every default, so only this tells a flag
+    typed on the command line from a default."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, sorted({*getattr(namespace, GIVEN, ()), option_string}))
+
+
+def check_flags_apply(args) -> None:
+    """BadFlag for a scheme flag given on the command line that the encoder's
+    scheme does not read (e.g. --hybrid-init with DNAS: only HNAS has u)."""
+    scheme = getattr(args, "encoder_attention_scheme", None)
+    for flag in getattr(args, GIVEN, ()) or ():
+        schemes = ONLY_FOR.get(flag)
+        if schemes and scheme not in schemes:
+            value = getattr(args, flag[2:].replace("-", "_"), None)
+            raise BadFlag(
+                f"{flag} {value} does nothing with a {scheme} encoder (--arch {getattr(args, 'arch', '?')}): it "
+                f"applies to {' and '.join(schemes)} only; drop it, or choose that scheme "
+                f"(--encoder-attention-scheme {schemes[-1]})"
+            )
 
 
 def add_scheme_args(parser, decoder: bool = True) -> None:
@@ -73,18 +109,18 @@ def add_scheme_args(parser, decoder: bool = True) -> None:
             help="must stay unas: DNAS cannot run under incremental decoding",
         )
     parser.add_argument(
-        "--sinkhorn-iters", type=int, metavar="N",
+        "--sinkhorn-iters", type=int, metavar="N", action=_Given,
         help="column/row normalization rounds for DNAS/HNAS (1 = the paper's "
              "DNAS; more converge to a doubly-stochastic matrix)",
     )
     parser.add_argument(
-        "--hybrid-init", type=float, metavar="U",
-        help="initial HNAS weight u of DNAS, in (0, 1) (paper: 0.1 for "
+        "--hybrid-init", type=float, metavar="U", action=_Given,
+        help="HNAS only: initial weight u of DNAS, in (0, 1) (paper: 0.1 for "
              "Gigaword, 0.5 elsewhere)",
     )
     parser.add_argument(
-        "--hybrid-weight-per", choices=HYBRID_PER,
-        help="one trainable HNAS weight per head (the paper's u_l^h) or per layer",
+        "--hybrid-weight-per", choices=HYBRID_PER, action=_Given,
+        help="HNAS only: one trainable weight per head (the paper's u_l^h) or per layer",
     )
 
 

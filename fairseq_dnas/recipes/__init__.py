@@ -11,6 +11,8 @@ scripts): not a user interface, and free to change with the recipes.
 - ``gigaword_download``, ``gigaword_pairs``: the Gigaword data.
 - ``parallel_text``: check and copy a pair of parallel-text files.
 - ``masked_lm_data``: the masked-LM recipe's text.
+- ``cpu_threads``: the default ``CPU_THREADS`` (the cores not already busy).
+- ``install_check``: scripts/install.sh's last step (imports, versions, GPU).
 
 ``examples/check_python.py`` stays a file: it checks that the interpreter can
 import this package at all.
