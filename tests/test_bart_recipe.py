@@ -179,3 +179,53 @@ def test_finetune_dry_run_is_fairseqs_cnn_dailymail_command(prepared, pretrained
                  "--lr 3e-05", "--total-num-update 20000", "--warmup-updates 500", "--max-tokens 2048",
                  "--update-freq 4", "--clip-norm 0.1", "--label-smoothing 0.1", "--user-dir"):
         assert flag in out, flag
+
+
+def test_hnas_distance_grows_from_u_near_zero_to_dnas(prepared, pretrained, tmp_path):
+    out = tmp_path / "distance.jsonl"
+    proc = subprocess.run([sys.executable, os.path.join(BART, "hnas_distance.py"), "--checkpoint", pretrained,
+                           "--data", prepared, "--split", "valid", "--sentences", "6", "--u", "0.01", "0.5", "1",
+                           "--json-out", out], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["u"] for r in rows] == [0.01, 0.5, 1.0] and [r["scheme"] for r in rows] == ["hnas", "hnas", "dnas"]
+    assert 0 < rows[0]["enc_rel"] < rows[2]["enc_rel"]  # the scheme runs; u = 0.01 stays closer than DNAS
+    assert all(r["sentences"] == 6 and 0 <= r["top1"] <= 1 and r["kl"] >= -1e-6 for r in rows)
+    proc = subprocess.run([sys.executable, os.path.join(BART, "hnas_distance.py"), "--checkpoint", pretrained,
+                           "--data", prepared, "--u", "0"], capture_output=True, text=True)
+    one_error_line(proc, "--u 0.0: give values in (0, 1]")
+
+
+def test_experiment_table_from_results(tmp_path):
+    """--report-only: the table (mean +- s.e. over seeds) and u per layer from results.jsonl."""
+    def rouge(r1):
+        return {"stemmed": {k: {"fmeasure": {"mean": v}} for k, v in
+                            (("rouge1", r1), ("rouge2", r1 / 4), ("rougeL", r1 - 1))}}
+    rows = [{"scheme": s, "arch": a, "seed": seed, "train_seconds": 1, "rouge": rouge(r1), "hnas_u": u}
+            for s, a, u in (("unas", "bart_base", None), ("hnas", "bart_hnas_base", [0.2, 0.3]))
+            for seed, r1 in ((1, 10.0), (2, 12.0))]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, os.path.join(BART, "experiment.py"), "--out", tmp_path, "--report-only"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    assert "| UNAS | `bart_base` | 2 | 11.00 +- 1.00 | 2.75 +- 0.25 | 10.00 +- 1.00 |" in table
+    assert "- seed 1: L0 0.2000, L1 0.3000" in table
+
+
+@pytest.mark.full
+def test_experiment_runs_end_to_end_at_its_smallest(tmp_path):
+    gigaword = os.environ.get("GIGAWORD_DIR", os.path.join(os.path.dirname(ROOT), "shared", "data", "gigaword",
+                                                           "sumdata"))
+    if not os.path.isdir(gigaword):
+        pytest.skip("no Gigaword sumdata (set GIGAWORD_DIR)")
+    proc = subprocess.run([sys.executable, os.path.join(BART, "experiment.py"), "--sumdata", gigaword, "--out",
+                           tmp_path, "--pretrain-updates", "4", "--finetune-updates", "3", "--train-pairs", "300",
+                           "--test-pairs", "20", "--vocab", "800", "--seeds", "1", "--layers", "1", "--dim", "32"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["scheme"] for r in rows] == ["unas", "dnas", "hnas"]
+    assert rows[2]["hnas_u"] is not None and len(rows[2]["hnas_u"]) == 1
+    assert "the checkpoint has no HNAS weights" in (tmp_path / "ft-hnas-seed1" / "train.log").read_text()

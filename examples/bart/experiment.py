@@ -147,11 +147,11 @@ def finetune(a, data, pretrained, scheme, seed):
                 "--restore-file", pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters",
                 "--reset-lr-scheduler",
                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-                "--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr", "5e-4",
+                "--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--lr", "1e-3",
                 "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(a.finetune_updates // 10),
                 "--total-num-update", str(a.finetune_updates), "--max-update", str(a.finetune_updates),
                 "--batch-size", "64", "--dropout", "0.1", "--attention-dropout", "0.1", "--weight-decay", "0.01",
-                "--clip-norm", "0.1", "--seed", str(seed), "--cpu", "--disable-validation",
+                "--clip-norm", "1.0", "--seed", str(seed), "--cpu", "--disable-validation",
                 "--no-epoch-checkpoints", "--save-dir", save, "--log-format", "simple", "--log-interval", "50",
                 "--num-workers", "0", "--required-batch-size-multiple", "1"]
         seconds = fairseq_main("train", argv, os.path.join(save, "train.log"))
@@ -222,7 +222,7 @@ def main():
     p.add_argument("--train-pairs", type=int, default=0, help="0: all")
     p.add_argument("--test-pairs", type=int, default=0, help="0: all 1,951")
     p.add_argument("--pretrain-updates", type=int, default=300)
-    p.add_argument("--finetune-updates", type=int, default=300)
+    p.add_argument("--finetune-updates", type=int, default=200)
     p.add_argument("--hybrid-init", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--report-only", action="store_true")
