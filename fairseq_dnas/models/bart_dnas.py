@@ -20,8 +20,6 @@ initialization, classification heads, the dictionary-size upgrade, the hub
 interface ``BARTModel.from_pretrained``) is fairseq's ``BARTModel``.
 """
 
-import logging
-
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import (
@@ -35,35 +33,12 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq_dnas.models.transformer_dnas import (
     _scheme_defaults,
     add_scheme_args,
+    log_created_hybrid_logits,
     log_hybrid_weights,
+    missing_hybrid_keys,
     validate_attention_args,
 )
 from fairseq_dnas.modules import DNASTransformerEncoder
-from fairseq_dnas.modules.dnas_multihead_attention import DNASMultiheadAttention
-
-logger = logging.getLogger(__name__)
-
-
-def missing_hybrid_keys(model, state_dict, name=""):
-    """The ``...hybrid_logit`` keys the model has and ``state_dict`` lacks
-    (a softmax checkpoint loaded into an HNAS model)."""
-    prefix = name + "." if name else ""
-    missing = []
-    for module_name, m in model.named_modules():
-        if isinstance(m, DNASMultiheadAttention) and m.hybrid_logit is not None:
-            key = prefix + (module_name + "." if module_name else "") + "hybrid_logit"
-            if key not in state_dict:
-                missing.append(key)
-    return missing
-
-
-def log_created_hybrid_logits(missing, hybrid_init) -> None:
-    """One line when the HNAS logits were created rather than loaded."""
-    if missing:
-        logger.info(
-            f"the checkpoint has no HNAS weights: created {len(missing)} hybrid_logit "
-            f"tensors at u = --hybrid-init {hybrid_init} (every other tensor is the checkpoint's)"
-        )
 
 
 @register_model("bart_dnas")
