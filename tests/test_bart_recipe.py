@@ -139,6 +139,17 @@ def test_finetune_then_summarize_and_score(corpus, prepared, pretrained, tmp_pat
     rouge = json.loads((tmp_path / "test.hyp.rouge.json").read_text())
     assert rouge["sentences"] == 5 and 0 <= rouge["stemmed"]["rouge1"]["fmeasure"]["mean"] <= 100
 
+    # a fresh interpreter that never imported the plugin: user_dir= makes the architecture known
+    code = ("import sys; from fairseq.models.bart import BARTModel; "
+            "b = BARTModel.from_pretrained(sys.argv[1], checkpoint_file='checkpoint_last.pt', data_name_or_path="
+            "sys.argv[2], gpt2_encoder_json=sys.argv[3], gpt2_vocab_bpe=sys.argv[4], user_dir=sys.argv[5]); "
+            "b.eval(); print(type(b.model).__name__, b.model.args.encoder_attention_scheme, "
+            "len(b.sample(['the mayor said'], beam=4, lenpen=2.0, max_len_b=140, min_len=55, no_repeat_ngram_size=3)))")
+    proc = subprocess.run([sys.executable, "-c", code, save, prepared, corpus["gpt2"] / "encoder.json",
+                           corpus["gpt2"] / "vocab.bpe", USER_DIR], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    assert proc.returncode == 0 and proc.stdout.split() == ["BARTDNASModel", "hnas", "1"], proc.stderr[-2000:]
+
     # a BPE file that is not there: one line naming what to pass
     proc = subprocess.run([sys.executable, os.path.join(BART, "summarize.py"), "--model-dir", save,
                            "--checkpoint", "checkpoint_last.pt", "--data", prepared, "--gpt2-encoder-json",
