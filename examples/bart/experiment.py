@@ -200,7 +200,7 @@ def table(a, results):
             m, se = mean_se([f1(r, kind) for r in rows])
             cells.append(f"{m:.2f} +- {se:.2f}")
         lines.append(f"| {scheme.upper()} | `{arch}` | {len(rows)} | " + " | ".join(cells) + " |")
-    us = [r for r in results if r["hnas_u"]]
+    us = sorted((r for r in results if r["hnas_u"]), key=lambda r: r["seed"])
     if us:
         lines += ["", "u per encoder layer (mean over heads) after fine-tuning, HNAS from "
                   f"--hybrid-init {a.hybrid_init}:", ""]
