@@ -273,9 +273,9 @@ def _model_state(path):
 
 @pytest.mark.parametrize("source,arch,extra", [
     ("bart_base", "bart_hnas_base", ["--hybrid-init", "0.01"]),
-    ("bart_base", "bart_dnas_base", []),
+    pytest.param("bart_base", "bart_dnas_base", [], marks=pytest.mark.full),
     ("transformer", "transformer_hnas", ["--hybrid-init", "0.1"]),
-    ("transformer", "transformer_dnas", []),
+    pytest.param("transformer", "transformer_dnas", [], marks=pytest.mark.full),
 ])
 def test_restore_file_loads_every_tensor_in_place(trained, tmp_path, source, arch, extra):
     """fairseq-train --restore-file of a softmax checkpoint, one update at

@@ -172,6 +172,7 @@ def test_finetune_bad_settings_end_in_one_line(prepared, pretrained, tmp_path, e
     assert not (tmp_path / "save" / "checkpoint_last.pt").exists()
 
 
+@pytest.mark.full  # the same check through fairseq-train: tests/test_bart_dnas.py
 def test_finetune_of_another_architectures_checkpoint_is_one_line(prepared, tmp_path):
     run(["fairseq-train", prepared, "--arch", "transformer", "--user-dir", USER_DIR, *SIZES, "--task", "translation",
          "-s", "source", "-t", "target", "--cpu", "--optimizer", "adam", "--lr", "3e-3", "--max-tokens", "2000",
