@@ -14,7 +14,6 @@ architecture, a missing BPE file).
 
 import logging
 import math
-import os
 import random
 
 import pytest

@@ -24,7 +24,6 @@ record used); the time is dominated by the fine-tuning runs.
 """
 
 import argparse
-import glob
 import json
 import os
 import shlex
