@@ -209,12 +209,12 @@ def test_each_switch_turns_its_patch_off(off):
 def test_installing_twice_wraps_once():
     result = _python('''
         from fairseq_dnas import fairseq_patches
-        from fairseq_dnas.fairseq_patches import (atomic_copy, checkpoint_load, exact_resume, file_checks,
-                                                  is_patched, numpy_alias)
+        from fairseq_dnas.fairseq_patches import (atomic_copy, bpe_files, checkpoint_load, exact_resume,
+                                                  file_checks, is_patched, numpy_alias)
         fairseq_patches.install(command_line=True)
         first = {s: unbound(s) for s in symbols()}
         fairseq_patches.install(command_line=True)
-        for module in (checkpoint_load, atomic_copy, numpy_alias, exact_resume, file_checks):
+        for module in (checkpoint_load, atomic_copy, numpy_alias, exact_resume, bpe_files, file_checks):
             module.install()
         file_checks.install_excepthook()
         inner_patched = {}

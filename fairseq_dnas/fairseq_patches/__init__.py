@@ -94,6 +94,14 @@ PATCHES = (
         "exact_resume:install",
     ),
     Patch(
+        "bpe_files",
+        ("fairseq.data.encoders.build_bpe",),
+        "a BPE file path that does not exist here (a checkpoint trained elsewhere or fine-tuned without "
+        "--bpe, fairseq#2874) fails deep in the BPE reader; it is now BadFile('<path>: no such BPE file; "
+        "pass <keyword>=PATH ...') naming what to pass (from_pretrained and the commands)",
+        "bpe_files:install",
+    ),
+    Patch(
         "file_checks",
         ("fairseq.checkpoint_utils.load_checkpoint_to_cpu", "fairseq.checkpoint_utils.load_model_ensemble_and_task",
          "fairseq.trainer.Trainer.load_checkpoint", "fairseq.data.data_utils.load_indexed_dataset",

@@ -25,7 +25,7 @@ from fairseq_dnas.attention.gumbel_schedule import check_temperature
 from fairseq_dnas.attention.hybrid import HYBRID_PER, hybrid_logit
 from fairseq_dnas.hf.attention import DISCRETE, HARD_ATTR, ROLE_ATTR, SCHEMES, TEMPERATURE_ATTR, infer_role, register
 
-TESTED = "BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART (encoder)"
+TESTED = "BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder)"
 LOGIT = "hybrid_logit"
 
 
@@ -55,8 +55,12 @@ def _interface_callers(model) -> list:
             return []
         model.eval()
         device = next(model.parameters()).device
+        inputs = dict(model.dummy_inputs)
+        if getattr(model.config, "is_encoder_decoder", False) and "decoder_input_ids" not in inputs:
+            # PEGASUS (unlike BART) makes no decoder input from input_ids
+            inputs["decoder_input_ids"] = inputs["input_ids"][:, :2]
         with torch.no_grad():
-            model(**{k: v.to(device) for k, v in model.dummy_inputs.items()})
+            model(**{k: v.to(device) for k, v in inputs.items()})
     except Exception as err:  # noqa: BLE001 (any model: say which one and why)
         raise ValueError(f"{type(model).__name__}: the probe forward (its dummy_inputs) that finds the attention "
                          f"modules failed ({type(err).__name__}: {err})") from None

@@ -9,6 +9,7 @@ decoder queries do not exist yet.
 """
 
 import argparse
+import logging
 
 from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
@@ -22,7 +23,9 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq_dnas.attention.functional import SCHEMES, check_sinkhorn_iters
 from fairseq_dnas.errors import BadFlag
 from fairseq_dnas.modules import DNASTransformerEncoder
-from fairseq_dnas.modules.dnas_multihead_attention import HYBRID_PER, check_hybrid_init
+from fairseq_dnas.modules.dnas_multihead_attention import HYBRID_PER, DNASMultiheadAttention, check_hybrid_init
+
+logger = logging.getLogger(__name__)
 
 
 def validate_attention_args(args) -> None:
@@ -154,12 +157,39 @@ class TransformerDNASModel(TransformerModel):
         or None unless the encoder is HNAS."""
         return self.encoder.hybrid_weights()
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        missing = missing_hybrid_keys(self, state_dict, name)
+        super().upgrade_state_dict_named(state_dict, name)  # creates them (DNASMultiheadAttention)
+        log_created_hybrid_logits(missing, getattr(self.args, "hybrid_init", None))
+
     def set_num_updates(self, num_updates):
         """fairseq calls this before every training forward (``train_step``);
         log u here so that it appears in the training log and TensorBoard."""
         super().set_num_updates(num_updates)
         if self.training:
             log_hybrid_weights(self.encoder.attention_modules())
+
+
+def missing_hybrid_keys(model, state_dict, name=""):
+    """The ``...hybrid_logit`` keys the model has and ``state_dict`` lacks
+    (a softmax checkpoint loaded into an HNAS model)."""
+    prefix = name + "." if name else ""
+    missing = []
+    for module_name, m in model.named_modules():
+        if isinstance(m, DNASMultiheadAttention) and m.hybrid_logit is not None:
+            key = prefix + (module_name + "." if module_name else "") + "hybrid_logit"
+            if key not in state_dict:
+                missing.append(key)
+    return missing
+
+
+def log_created_hybrid_logits(missing, hybrid_init) -> None:
+    """One line when the HNAS logits were created rather than loaded."""
+    if missing:
+        logger.info(
+            f"the checkpoint has no HNAS weights: created {len(missing)} hybrid_logit "
+            f"tensors at u = --hybrid-init {hybrid_init} (every other tensor is the checkpoint's)"
+        )
 
 
 def hybrid_metric_name(layer: int) -> str:

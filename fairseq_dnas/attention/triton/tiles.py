@@ -21,7 +21,7 @@ MAX_HEAD_DIM = 128
 # registers) and head size. Chosen without a GPU to time them, from what
 # ptxas makes of each tile for sm_90, compiled as the JIT specializes a real
 # call (benchmarks/triton_spills.py prints it), in every variant (HYBRID x DROPOUT x SINKHORN x HAS_BIAS, STAGES pipeline
-# stages) under Triton 3.6 (torch 2.11's, the lent H100's) and 3.9 (what CI
+# stages) under Triton 3.6 (torch 2.11's, the H100's of the record) and 3.9 (what CI
 # installs). The rule, in this order:
 #   1. half precision: every matmul on Hopper's warpgroup MMA (wgmma, SASS
 #      HGMMA) wherever a tile allows it with at most 64 bytes of register
