@@ -53,9 +53,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the package from this checkout, wherever the command is run from
-    sys.path.insert(0, str(ROOT))
 
 GPU_PLAN = dict(dtypes=("float16", "bfloat16"), heads=(64, 128), schemes=("dnas", "hnas"), dropouts=(0.0, 0.1),
                 lengths=(1024, 4096, 512, 2048), tokens=16384, width=1024)

@@ -76,7 +76,19 @@ def test_from_pretrained_of_a_missing_folder_is_one_line(tmp_path):
                             "save_pretrained wrote after fairseq_dnas.hf.enable")
 
 
-def test_hf_from_pretrained_does_not_report_the_hnas_weights_it_restores(tmp_path, caplog):
+@pytest.fixture
+def transformers_warnings():
+    """transformers' warnings on, whatever an earlier test in this process set (the faithfulness
+    command turns them down to errors)."""
+    import transformers
+
+    before = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()
+    yield
+    transformers.logging.set_verbosity(before)
+
+
+def test_hf_from_pretrained_does_not_report_the_hnas_weights_it_restores(tmp_path, caplog, transformers_warnings):
     model = hf.enable(BertForSequenceClassification(BertConfig(**SMALL)), scheme="hnas", hybrid_init=0.3)
     model.save_pretrained(tmp_path)
     caplog.clear()

@@ -930,6 +930,15 @@ def write_tables(args, size, runs, meta, meter=None, echo=False):
                      f"({m.get('sentences_per_s', '-')} sentences/s by fairseq's count): `speed.json`.", ""]
     meta = dict(meta, runs=figures, finished=len(ok), total=len(runs), speed=speed.get("measured", {}))
     report = args.report or work
+    os.makedirs(report, exist_ok=True)
+    # The archive and the speed first, runs.json last: when runs.json says a run finished, the archive
+    # already holds its files, whenever the command is killed.
+    with atomic_path(os.path.join(report, "runs.tar.gz")) as tmp:
+        archive_runs(work, runs, tmp)
+    if speed:
+        with atomic_path(os.path.join(report, "speed.json")) as tmp:
+            with open(tmp, "w") as f:
+                json.dump(speed, f, indent=1)
     for folder in sorted({work, report}):
         os.makedirs(folder, exist_ok=True)
         with atomic_path(os.path.join(folder, "tables.md")) as tmp:
@@ -938,12 +947,6 @@ def write_tables(args, size, runs, meta, meter=None, echo=False):
         with atomic_path(os.path.join(folder, "runs.json")) as tmp:
             with open(tmp, "w") as f:
                 json.dump(meta, f, indent=1)
-    if speed:
-        with atomic_path(os.path.join(report, "speed.json")) as tmp:
-            with open(tmp, "w") as f:
-                json.dump(speed, f, indent=1)
-    with atomic_path(os.path.join(report, "runs.tar.gz")) as tmp:
-        archive_runs(work, runs, tmp)
     if args.report:
         for name in ("table63.md", "tsne-embeddings.png", "probe.jsonl"):
             path = os.path.join(work, "en-de", "streams", name)

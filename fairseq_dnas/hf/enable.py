@@ -57,8 +57,9 @@ def _interface_callers(model) -> list:
         device = next(model.parameters()).device
         inputs = dict(model.dummy_inputs)
         if getattr(model.config, "is_encoder_decoder", False) and "decoder_input_ids" not in inputs:
-            # PEGASUS (unlike BART) makes no decoder input from input_ids
-            inputs["decoder_input_ids"] = inputs["input_ids"][:, :2]
+            # PEGASUS (unlike BART) makes no decoder input from input_ids; of the same length, so that a
+            # classification head that reads the decoder at the source's end tokens (BART's) finds them
+            inputs["decoder_input_ids"] = inputs["input_ids"]
         with torch.no_grad():
             model(**{k: v.to(device) for k, v in inputs.items()})
     except Exception as err:  # noqa: BLE001 (any model: say which one and why)
