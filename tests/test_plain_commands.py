@@ -136,8 +136,20 @@ UNRELATED = [
     ("generate", "missing-checkpoint", "Model file not found"),
     ("train", "missing-valid-split", "Dataset not found"),
     pytest.param("interactive", "missing-checkpoint", "Model file not found", marks=pytest.mark.full),
-    pytest.param("validate", "no-batch-size", "Must specify batch size", marks=pytest.mark.full),
 ]
+
+
+@pytest.mark.full
+def test_a_command_line_assert_of_fairseq_is_one_line(good, tmp_path):
+    """fairseq_cli's own checks of the command line (an assert: "Must specify batch size ...")
+    end in one line with the plugin, exit status 1, no traceback."""
+    args = _args("validate", good["data"], good["checkpoint"], tmp_path)
+    i = args.index("--batch-size")
+    del args[i:i + 2]
+    proc = _run("validate", *args)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback (most recent call last)" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("error: Must specify batch size"), proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("command,case,message", UNRELATED)
@@ -147,9 +159,6 @@ def test_other_errors_keep_fairseqs_output(good, tmp_path, command, case, messag
         args[args.index("--path") + 1] = str(tmp_path / "no-such.pt")
     elif case == "missing-valid-split":
         args = _train_args(good["data"], tmp_path / "save", "--valid-subset", "nosuch")
-    elif case == "no-batch-size":
-        i = args.index("--batch-size")
-        del args[i:i + 2]
     proc = _run(command, *args, stdin="w1 w2 w3\n")
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
     assert "Traceback (most recent call last)" in proc.stderr, proc.stderr[-3000:]
