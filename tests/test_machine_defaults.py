@@ -163,3 +163,12 @@ def test_bench_cpu_threads_smallest_run(tmp_path):
     bad = subprocess.run([sys.executable, script, "--data", str(tmp_path)], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "no binarized Gigaword there" in bad.stderr.splitlines()[-1]
+
+
+def test_current_load_is_the_cores_busy_now():
+    """Measured over half a second from /proc/stat: between 0 and the CPUs (not the one-minute average,
+    which still counts the install that ran just before the quickstart)."""
+    from fairseq_dnas.recipes.cpu_threads import current_load
+
+    load = current_load(0.2)
+    assert 0.0 <= load <= (os.cpu_count() or 1)

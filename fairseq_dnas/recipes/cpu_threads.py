@@ -12,9 +12,9 @@ other work running, two threads trained the quickstart's model several times
 slower than one (docs/results/2026-11-28-cpu-threads-under-load.md). The
 default is therefore the cores this process may use (``os.sched_getaffinity``,
 which honours ``taskset`` and container limits) minus the load already on
-them (``os.getloadavg``'s one-minute figure; see ``default_threads``), at
-least one: all cores on an idle machine, fewer as other work appears, one on
-a busy one.
+them (the cores busy over half a second, from /proc/stat; see
+``current_load`` and ``default_threads``), at least one: all cores on an idle
+machine, fewer as other work appears, one on a busy one.
 ``CPU_THREADS=N`` overrides it.
 """
 
@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 
 def usable_cores():
@@ -32,8 +33,26 @@ def usable_cores():
         return os.cpu_count() or 1
 
 
-def current_load():
-    """The one-minute load average (runnable processes), or 0.0 where unknown."""
+def _cpu_times():
+    """(busy, total) jiffies of all CPUs from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def current_load(seconds=0.5):
+    """The cores busy now: the CPUs' busy share over SECONDS (/proc/stat) times the CPUs, so that work
+    that has just ended (the install before the quickstart) does not count, as it would in the
+    one-minute load average; that average where /proc/stat is missing, else 0.0."""
+    try:
+        busy0, total0 = _cpu_times()
+        time.sleep(seconds)
+        busy1, total1 = _cpu_times()
+        if total1 > total0:
+            return (busy1 - busy0) / (total1 - total0) * (os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -43,8 +62,7 @@ def current_load():
 def default_threads(cores, load):
     """Threads for a new job: the cores not already busy, at least 1.
 
-    ``load`` is the number of runnable processes averaged over the last
-    minute. A core counts as busy once more than a quarter of it is (the
+    ``load`` is the number of cores busy with other work. A core counts as busy once more than a quarter of it is (the
     load rounded up after subtracting 0.25): a thread too many costs far more
     than a thread too few (two threads on a 2-core machine with one busy core
     trained several times slower than one thread), while a quarter of a core
@@ -58,7 +76,7 @@ def default_threads(cores, load):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cores", type=int, help="usable cores (default: this process's affinity mask)")
-    p.add_argument("--load", type=float, help="load average (default: the one-minute load average)")
+    p.add_argument("--load", type=float, help="cores busy with other work (default: measured over half a second)")
     p.add_argument("--explain", action="store_true", help="also say on stderr how the number was chosen")
     args = p.parse_args(argv)
     cores = usable_cores() if args.cores is None else args.cores
