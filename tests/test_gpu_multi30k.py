@@ -333,12 +333,19 @@ def tiny_de_en(tmp_path_factory, multi30k_dir, conll2000_dir):
     return _prepare(tmp_path_factory.mktemp("tiny"), multi30k_dir, conll2000_dir, "de-en:transformer")
 
 
+KILL_NAMES = ["transformer-seed1", "transformer_dnas-seed1"]
+
+
+def _kill_run_args(tmp_path, data, jobs):
+    """The two tiny de-en runs the SIGKILL tests drive, and their report folder."""
+    report = tmp_path / "report"
+    return ("run", "--size", "tiny", "--data", data, "--work", str(tmp_path / "work"), "--report", str(report),
+            "--models", "de-en:transformer,de-en:transformer_dnas", "--jobs", str(jobs)), report
+
+
 def test_sigkill_at_start_and_after_a_run_leaves_a_report_and_the_next_machine_continues(tmp_path, tiny_de_en):
-    models = "de-en:transformer,de-en:transformer_dnas"
-    work, report = tmp_path / "work", tmp_path / "report"
-    args = ("run", "--size", "tiny", "--data", tiny_de_en, "--work", str(work), "--report", str(report),
-            "--models", models, "--jobs", "2")
-    names = ["transformer-seed1", "transformer_dnas-seed1"]
+    args, report = _kill_run_args(tmp_path, tiny_de_en, jobs=2)
+    names = KILL_NAMES
     # killed as soon as the runs have started
     proc = _start(*args)
     _wait_for(report, lambda m: any(f["status"] == "running" for f in m["runs"]))
@@ -381,11 +388,8 @@ def test_a_budget_that_ends_midway_stops_the_runs_and_says_so(tmp_path, tiny_de_
 
 @pytest.mark.full
 def test_sigkill_at_three_random_moments_then_the_command_finishes(tmp_path, tiny_de_en):
-    models = "de-en:transformer,de-en:transformer_dnas"
-    work, report = tmp_path / "work", tmp_path / "report"
-    args = ("run", "--size", "tiny", "--data", tiny_de_en, "--work", str(work), "--report", str(report),
-            "--models", models, "--jobs", "1")
-    names = ["transformer-seed1", "transformer_dnas-seed1"]
+    args, report = _kill_run_args(tmp_path, tiny_de_en, jobs=1)
+    names = KILL_NAMES
     rng = random.Random(49)
     finished_before = set()
     for delay in sorted(rng.uniform(2, 70) for _ in range(3)):
