@@ -49,9 +49,9 @@ LEAN_BANDS = (512, 1024, 2048, 4096)
 # ones: {(input kind, head size class, scheme, band): "lean" | "long"}, the set
 # a GPU's clock chose (benchmarks/gpu_lean.py measures both and writes this
 # table; ``read_lean_table`` reads its JSON). From an H200, fp16 and bf16,
-# dropout 0 and 0.1: lean / long GPU time 0.92-0.96 at head size 64, 0.48-0.61
-# at 128 (docs/results/2026-11-28-h200-lean-kernels.md; tests/test_lean.py
-# checks this table against that record's JSON). float32 was not timed: long.
+# dropout 0 and 0.1: the lean set was faster in every band at both head sizes
+# (docs/results/2026-11-28-h200-lean-kernels.md; tests/test_lean.py checks this
+# table against that record's JSON). float32 was not timed: long.
 LEAN_CHOSEN = {(kind, head, scheme, band): "lean" for kind in ("half",) for head in (64, 128)
                for scheme in ("dnas", "hnas") for band in LEAN_BANDS}
 # The longest T_q, T_k the one-tile kernels (triton/short.py) take, by input
