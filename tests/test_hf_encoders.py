@@ -1,0 +1,169 @@
+"""fairseq_dnas.hf on the encoders that do not read text: Whisper's audio
+encoder, the vision encoders ViT, DINOv2, SigLIP and CLIP (vision towers),
+and the speech encoders wav2vec 2.0 and HuBERT, each built from a tiny
+config (no downloads).
+
+Each family against the same model in float64 whose bidirectional
+self-attention is the scheme's reference (``reference_probs``; discrete: the
+argmax by hand), with padding where the family takes a padding mask
+(wav2vec 2.0, HuBERT, SigLIP's text tower), forward and gradients; its
+output is not softmax's (the scheme runs); the decoders (Whisper's, CLIP's
+causal text tower) give what ``sdpa`` gives; HNAS u survives
+``save_pretrained`` / ``hf.from_pretrained``; Whisper's ``generate()``
+decodes from the DNAS encoder.
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+import transformers
+from test_hf_discrete import reference as discrete_reference
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from fairseq_dnas import hf
+from fairseq_dnas.attention import kernels
+from fairseq_dnas.hf.attention import ROLE_ATTR
+from fairseq_dnas.reference import reference_probs
+
+TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+IMAGE = dict(TOWER, image_size=16, patch_size=4, num_channels=3)
+TEXT = dict(TOWER, vocab_size=99, max_position_embeddings=16)
+AUDIO = dict(TOWER, vocab_size=12, conv_dim=(8, 8), conv_kernel=(8, 4), conv_stride=(4, 2), conv_bias=True,
+             num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
+             feat_extract_norm="layer", do_stable_layer_norm=True,  # the kind that takes a padding mask
+             hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0)
+WHISPER = dict(vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+               decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37, num_mel_bins=8,
+               max_source_positions=12, max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+               decoder_start_token_id=1, dropout=0.0, attention_dropout=0.0)
+CONFIGS = {
+    "whisper": lambda: transformers.WhisperConfig(**WHISPER),
+    "vit": lambda: transformers.ViTConfig(**IMAGE, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "dinov2": lambda: transformers.Dinov2Config(**IMAGE, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "siglip": lambda: transformers.SiglipConfig(text_config=TEXT, vision_config=IMAGE),
+    "clip": lambda: transformers.CLIPConfig(text_config=dict(TEXT, eos_token_id=2), vision_config=IMAGE,
+                                            projection_dim=16),
+    "wav2vec2": lambda: transformers.Wav2Vec2Config(**AUDIO),
+    "hubert": lambda: transformers.HubertConfig(**AUDIO),
+}
+CLASSES = {"whisper": transformers.WhisperForConditionalGeneration, "vit": transformers.ViTModel,
+           "dinov2": transformers.Dinov2Model, "siglip": transformers.SiglipModel, "clip": transformers.CLIPModel,
+           "wav2vec2": transformers.Wav2Vec2Model, "hubert": transformers.HubertModel}
+
+
+def build(family):
+    """The family's tiny model in eval mode, weights of std 0.3 (attention far
+    from uniform, where DNAS and softmax differ)."""
+    torch.manual_seed(0)
+    model = CLASSES[family](CONFIGS[family]()).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+def inputs(family):
+    """Two examples; where the family takes a padding mask, the second padded."""
+    g = torch.Generator().manual_seed(1)
+    if family == "whisper":  # Whisper pads audio to its fixed length itself: its encoder takes no mask
+        return {"input_features": torch.randn(2, 8, 24, generator=g)}
+    if family in ("wav2vec2", "hubert"):
+        mask = torch.ones(2, 120, dtype=torch.long)
+        mask[1, 80:] = 0
+        return {"input_values": torch.randn(2, 120, generator=g) * mask, "attention_mask": mask}
+    batch = {"pixel_values": torch.randn(2, 3, 16, 16, generator=g)}
+    if family == "siglip":  # its text tower is bidirectional too
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, 4:] = 0
+        batch.update(input_ids=torch.randint(3, 99, (2, 7), generator=g), attention_mask=mask)
+    return batch
+
+
+def encode(model, family, batch):
+    """The hidden states of every encoder the scheme switches, at real (not padded) positions, (N, D)."""
+    if family == "whisper":
+        return model.get_encoder()(**batch).last_hidden_state.flatten(0, 1)
+    if family in ("wav2vec2", "hubert"):
+        out = model(**batch).last_hidden_state
+        real = model._get_feature_vector_attention_mask(out.shape[1], batch["attention_mask"])
+        assert not bool(real.all())  # the padding reaches the attention
+        return out[real]
+    vision = model.vision_model if family in ("siglip", "clip") else model
+    out = [vision(pixel_values=batch["pixel_values"]).last_hidden_state.flatten(0, 1)]
+    if family == "siglip":
+        text = model.text_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        out.append(text.last_hidden_state[batch["attention_mask"].bool()])
+    return torch.cat(out)
+
+
+def _ref64(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """float64: the scheme's reference in bidirectional self-attention, softmax elsewhere."""
+    if getattr(module, ROLE_ATTR, None) != "self" or kwargs.get("is_causal"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    pad = hf.key_padding_mask(attention_mask, query.shape[0], query.shape[2])
+    scheme = module.scheme_under_test
+    if scheme == "discrete":
+        out, _ = discrete_reference(query, key, value, pad, scaling, module.gumbel_temperature, training=False)
+        return out.transpose(1, 2), None
+    u = torch.sigmoid(module.hybrid_logit.detach().double()) if scheme == "hnas" else None
+    p = reference_probs((query * scaling) @ key.transpose(-1, -2), scheme, pad, pad, u)
+    return (p @ value).transpose(1, 2), None
+
+
+transformers.AttentionInterface.register("encoders_ref64", _ref64)
+transformers.masking_utils.AttentionMaskInterface.register("encoders_ref64", transformers.masking_utils.sdpa_mask)
+SETTINGS = {"dnas": {}, "hnas": {"hybrid_init": 0.3}, "discrete": {"gumbel_temperature": 0.7}}
+# one scheme per family in the default tier, every scheme in every family in the full tier
+DEFAULT = {"whisper": "hnas", "vit": "dnas", "dinov2": "hnas", "siglip": "dnas", "clip": "hnas",
+           "wav2vec2": "dnas", "hubert": "discrete"}
+GRID = [pytest.param(f, s, marks=() if DEFAULT[f] == s else pytest.mark.full)
+        for f in CLASSES for s in ("dnas", "hnas", "discrete")]
+
+
+@pytest.mark.parametrize("family,scheme", GRID)
+def test_family_matches_float64_reference(family, scheme, monkeypatch):
+    batch = inputs(family)
+    model = build(family)
+    with torch.no_grad():
+        sdpa = encode(model, family, batch)
+    hf.enable(model, scheme=scheme, **SETTINGS[scheme])
+    selfs = [m for _, m, role in hf.attention_modules(model) if role == "self"]
+    assert len(selfs) == (4 if family == "siglip" else 2)  # two layers (SigLIP: both towers)
+    calls = []  # the scheme runs: each self-attention call reaches the project's code, not sdpa
+    if scheme == "discrete":
+        original = hf.attention.discrete_attention
+        monkeypatch.setattr(hf.attention, "discrete_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    else:
+        original = kernels.attend
+        monkeypatch.setattr(kernels, "attend", lambda *a, **k: calls.append(1) or original(*a, **k))
+    out = encode(model, family, batch)
+    assert len(calls) == len(selfs)
+    assert (out - sdpa).abs().max() > 1e-3  # not softmax's output
+    ref = copy.deepcopy(model).double()
+    for _, module, role in hf.attention_modules(ref):
+        module.scheme_under_test = scheme
+    ref.set_attn_implementation("encoders_ref64")
+    batch64 = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+    with torch.no_grad():
+        want = encode(ref, family, batch64)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    # gradients: float32 (the automatic path) against float64 (the materialized path; discrete: the reference)
+    # (a fixed random direction: the sum of squares after a final layer norm barely depends on the weights)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    (out * g).sum().backward()
+    if scheme != "discrete":
+        ref.set_attn_implementation(scheme)
+        monkeypatch.setenv(kernels.PATH_ENV, "materialized")
+    (encode(ref, family, batch64) * g.double()).sum().backward()
+    params, checked = dict(ref.named_parameters()), 0
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            scale = max(1.0, params[name].grad.abs().max().item())  # float32's error grows with the gradient's size
+            torch.testing.assert_close(p.grad.double(), params[name].grad, atol=1e-4 * scale, rtol=1e-3,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+            checked += 1
+    assert checked > 10
+    assert scheme != "hnas" or all(m.hybrid_logit.grad.abs().sum() > 0 for m in selfs)
