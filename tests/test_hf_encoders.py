@@ -167,3 +167,77 @@ def test_family_matches_float64_reference(family, scheme, monkeypatch):
             checked += 1
     assert checked > 10
     assert scheme != "hnas" or all(m.hybrid_logit.grad.abs().sum() > 0 for m in selfs)
+
+
+def _greedy(model, encoder_outputs, steps):
+    """Greedy decoding written out: a full decoder forward per step, no cache; (tokens, logits of each step)."""
+    seq, scores = torch.full((encoder_outputs.last_hidden_state.shape[0], 1), model.config.decoder_start_token_id), []
+    for _ in range(steps):
+        scores.append(model(encoder_outputs=encoder_outputs, decoder_input_ids=seq).logits[:, -1])
+        seq = torch.cat([seq, scores[-1].argmax(-1, keepdim=True)], 1)
+    return seq[:, 1:], torch.stack(scores, 1)
+
+
+def test_whisper_decoder_stays_sdpa_and_generate_reads_the_dnas_encoder():
+    model, batch = build("whisper"), inputs("whisper")
+    with torch.no_grad():
+        softmax_encoder = model.get_encoder()(**batch)
+    hf.enable(model, scheme="dnas")
+    roles = {name: role for name, _, role in hf.attention_modules(model)}
+    assert roles == {"model.encoder.layers.0.self_attn": "self", "model.encoder.layers.1.self_attn": "self",
+                     "model.decoder.layers.0.self_attn": "causal", "model.decoder.layers.0.encoder_attn": "cross",
+                     "model.decoder.layers.1.self_attn": "causal", "model.decoder.layers.1.encoder_attn": "cross"}
+    # Whisper's default logits processors suppress token ids of its real vocabulary: none here
+    model.generation_config.suppress_tokens = model.generation_config.begin_suppress_tokens = None
+    with torch.no_grad():
+        dnas_encoder = model.get_encoder()(**batch)
+        generated = model.generate(**batch, max_new_tokens=5, do_sample=False, output_scores=True,
+                                   return_dict_in_generate=True)
+        decoder = model(encoder_outputs=dnas_encoder, decoder_input_ids=generated.sequences[:, :3]).logits
+        model.set_attn_implementation("sdpa")  # the decoder as it was: softmax throughout
+        want_tokens, want_scores = _greedy(model, dnas_encoder, 5)
+        _, softmax_scores = _greedy(model, softmax_encoder, 5)
+        want_decoder = model(encoder_outputs=dnas_encoder, decoder_input_ids=generated.sequences[:, :3]).logits
+    torch.testing.assert_close(decoder, want_decoder)  # the decoder is unchanged
+    assert torch.equal(generated.sequences[:, -5:], want_tokens)
+    torch.testing.assert_close(torch.stack(generated.scores, 1), want_scores, atol=1e-5, rtol=1e-5)
+    assert (want_scores - softmax_scores).abs().max() > 1e-3  # generate() decodes the DNAS encoder's output
+
+
+def test_clip_text_tower_stays_sdpa():
+    model = build("clip")
+    g = torch.Generator().manual_seed(5)
+    ids, mask = torch.randint(3, 99, (2, 7), generator=g), torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        want = model.text_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    hf.enable(model, scheme="hnas")
+    roles = {name.split(".")[0]: role for name, _, role in hf.attention_modules(model)}
+    assert roles == {"text_model": "causal", "vision_model": "self"}  # one attention class, told apart by its calls
+    assert not any("text_model" in n for n, _ in model.named_parameters() if n.endswith("hybrid_logit"))
+    with torch.no_grad():
+        out = model.text_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(out, want)
+    text_alone = transformers.CLIPTextModel(model.config.text_config)
+    with pytest.raises(ValueError, match="no bidirectional self-attention") as e:
+        hf.enable(text_alone, scheme="dnas")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family", [f if f in ("vit", "whisper", "wav2vec2") else pytest.param(f, marks=pytest.mark.full)
+                                    for f in CLASSES])
+def test_hnas_u_survives_save_and_load(family, tmp_path):
+    model, batch = hf.enable(build(family), scheme="hnas"), inputs(family)
+    with torch.no_grad():
+        for i, (_, p) in enumerate(n_p for n_p in model.named_parameters() if n_p[0].endswith("hybrid_logit")):
+            p.copy_(torch.linspace(-2.0, 1.5, p.numel()) + i)  # u of each layer and head its own
+    model.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(CLASSES[family], str(tmp_path)).eval()
+    assert loaded.config.dnas["scheme"] == "hnas"
+    saved = {n: p for n, p in model.named_parameters() if n.endswith("hybrid_logit")}
+    restored = {n: p for n, p in loaded.named_parameters() if n.endswith("hybrid_logit")}
+    assert saved.keys() == restored.keys() and len(saved) == (4 if family == "siglip" else 2)
+    for name, p in saved.items():
+        assert torch.equal(restored[name], p), name
+    with torch.no_grad():
+        assert torch.equal(encode(loaded, family, batch), encode(model, family, batch))

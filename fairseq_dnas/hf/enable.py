@@ -296,17 +296,30 @@ def _saved_tensors(path: str):
     return found
 
 
+def _saved_name(model, name: str, param) -> str:
+    """The name ``save_pretrained`` gives parameter ``name``: transformers 5
+    saves some models under their earlier names (ViT's ``layers.0`` as
+    ``encoder.layer.0``) and renames them back on loading."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers before 5: saved as named
+        return name
+    (saved,) = revert_weight_conversion(model, {name: param}).keys()
+    return saved
+
+
 def load_hybrid_logits(model, path: str) -> int:
     """Copy the HNAS logits saved in ``path`` into ``model`` (after ``enable``); returns how many."""
     saved = _saved_tensors(path)
     own = {n: p for n, p in model.named_parameters() if n.endswith(LOGIT)}
     missing = []
-    for name, param in own.items():
+    for own_name, param in own.items():
+        name = _saved_name(model, own_name, param)
         # The saved name may carry or lack the base model's prefix
         # (saved from BertForSequenceClassification, loaded into BertModel).
         match = [k for k in saved if k == name or k.endswith("." + name) or name.endswith("." + k)]
         if len(match) != 1 or saved[match[0]].shape != param.shape:
-            missing.append(name)
+            missing.append(own_name)
             continue
         with torch.no_grad():
             param.copy_(saved[match[0]].to(param.device, param.dtype))
