@@ -241,3 +241,17 @@ def test_hnas_u_survives_save_and_load(family, tmp_path):
         assert torch.equal(restored[name], p), name
     with torch.no_grad():
         assert torch.equal(encode(loaded, family, batch), encode(model, family, batch))
+
+
+def test_modules_are_found_without_dummy_inputs(monkeypatch):
+    """The probe forward builds its inputs from the config: a model whose
+    ``dummy_inputs`` fails (as Whisper's and the vision models' did) switches."""
+    def fails(self):
+        raise AttributeError("'NoneType' object has no attribute 'dtype'")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "dummy_inputs", property(fails))
+    for family in ("vit", "whisper"):
+        roles = [role for _, _, role in hf.attention_modules(build(family))]
+        assert roles.count("self") == 2, family
+    bert = transformers.BertModel(transformers.BertConfig(**TEXT))
+    assert [role for _, _, role in hf.attention_modules(bert)] == ["self", "self"]

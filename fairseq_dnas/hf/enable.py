@@ -26,7 +26,8 @@ from fairseq_dnas.attention.gumbel_schedule import check_temperature
 from fairseq_dnas.attention.hybrid import HYBRID_PER, hybrid_logit
 from fairseq_dnas.hf.attention import DISCRETE, HARD_ATTR, ROLE_ATTR, SCHEMES, TEMPERATURE_ATTR, infer_role, register
 
-TESTED = "BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder)"
+TESTED = ("BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder), Whisper (encoder), ViT, "
+          "DINOv2, SigLIP, CLIP (vision tower), wav2vec 2.0, HuBERT")
 LOGIT = "hybrid_logit"
 
 
