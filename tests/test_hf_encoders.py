@@ -99,6 +99,24 @@ def encode(model, family, batch):
     return torch.cat(out)
 
 
+def _audio_padding(model, batch):
+    """(the padded second example's real frames, the same example alone and unpadded)."""
+    real = int(batch["attention_mask"][1].sum())
+    alone = model(input_values=batch["input_values"][1:, :real]).last_hidden_state[0]
+    return model(**batch).last_hidden_state[1, :len(alone)], alone
+
+
+def _text_padding(model, batch):
+    """SigLIP's text tower: the padded second sentence's real tokens, and it alone."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    real = int(mask[1].sum())
+    alone = model.text_model(input_ids=ids[1:, :real]).last_hidden_state[0]
+    return model.text_model(input_ids=ids, attention_mask=mask).last_hidden_state[1, :real], alone
+
+
+PADDED = {"wav2vec2": _audio_padding, "hubert": _audio_padding, "siglip": _text_padding}
+
+
 def _ref64(module, query, key, value, attention_mask, scaling=None, **kwargs):
     """float64: the scheme's reference in bidirectional self-attention, softmax elsewhere."""
     if getattr(module, ROLE_ATTR, None) != "self" or kwargs.get("is_causal"):
@@ -132,16 +150,19 @@ def test_family_matches_float64_reference(family, scheme, monkeypatch):
     hf.enable(model, scheme=scheme, **SETTINGS[scheme])
     selfs = [m for _, m, role in hf.attention_modules(model) if role == "self"]
     assert len(selfs) == (4 if family == "siglip" else 2)  # two layers (SigLIP: both towers)
-    calls = []  # the scheme runs: each self-attention call reaches the project's code, not sdpa
-    if scheme == "discrete":
-        original = hf.attention.discrete_attention
-        monkeypatch.setattr(hf.attention, "discrete_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
-    else:
-        original = kernels.attend
-        monkeypatch.setattr(kernels, "attend", lambda *a, **k: calls.append(1) or original(*a, **k))
+    # the scheme runs: each self-attention call reaches the project's code (not sdpa), with its padding
+    calls, pad_name = [], "key_padding_mask" if scheme == "discrete" else "padding_mask"
+    owner, function = (hf.attention, "discrete_attention") if scheme == "discrete" else (kernels, "attend")
+    original = getattr(owner, function)
+    monkeypatch.setattr(owner, function, lambda *a, **k: calls.append(k[pad_name] is not None) or original(*a, **k))
     out = encode(model, family, batch)
     assert len(calls) == len(selfs)
+    assert any(calls) == (family in PADDED)
     assert (out - sdpa).abs().max() > 1e-3  # not softmax's output
+    if family in PADDED:
+        with torch.no_grad():
+            padded, alone = PADDED[family](model, batch)
+        torch.testing.assert_close(padded, alone, atol=2e-5, rtol=1e-5)  # padding changes nothing
     ref = copy.deepcopy(model).double()
     for _, module, role in hf.attention_modules(ref):
         module.scheme_under_test = scheme
@@ -255,3 +276,35 @@ def test_modules_are_found_without_dummy_inputs(monkeypatch):
         assert roles.count("self") == 2, family
     bert = transformers.BertModel(transformers.BertConfig(**TEXT))
     assert [role for _, _, role in hf.attention_modules(bert)] == ["self", "self"]
+
+
+HEADS = [("wav2vec2", "Wav2Vec2ForCTC"), ("wav2vec2", "Wav2Vec2ForSequenceClassification"), ("hubert", "HubertForCTC"),
+         ("whisper", "WhisperForAudioClassification"), ("whisper", "WhisperModel"),
+         ("vit", "ViTForImageClassification"), ("dinov2", "Dinov2ForImageClassification"),
+         ("siglip", "SiglipForImageClassification"), ("clip", "CLIPForImageClassification")]
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("family,name", HEADS)
+def test_task_heads_switch(family, name):
+    """The families' task models (CTC, classification heads, Whisper without its LM head) switch:
+    the probe builds their inputs too, and the switched model runs the scheme."""
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(CONFIGS[family]()).eval()
+    with torch.no_grad():
+        before = model(**_head_inputs(family, model))
+    hf.enable(model, scheme="dnas")
+    assert [role for _, _, role in hf.attention_modules(model)].count("self") == 2
+    with torch.no_grad():
+        after = model(**_head_inputs(family, model))
+    assert model.config._attn_implementation == "dnas"
+    assert not torch.equal(before[0], after[0])  # the scheme changed the output
+
+
+def _head_inputs(family, model):
+    batch = inputs(family)
+    if family == "siglip":  # the image classifier takes images only
+        batch = {"pixel_values": batch["pixel_values"]}
+    if isinstance(model, transformers.WhisperModel):
+        batch["decoder_input_ids"] = torch.ones(2, 3, dtype=torch.long)
+    return batch
