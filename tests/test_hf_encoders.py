@@ -6,8 +6,10 @@ config (no downloads).
 Each family against the same model in float64 whose bidirectional
 self-attention is the scheme's reference (``reference_probs``; discrete: the
 argmax by hand), with padding where the family takes a padding mask
-(wav2vec 2.0, HuBERT, SigLIP's text tower), forward and gradients; its
-output is not softmax's (the scheme runs); the decoders (Whisper's, CLIP's
+(wav2vec 2.0, HuBERT, SigLIP's text tower), forward and gradients (discrete
+also in training, its Gumbel noise fixed); its output is not softmax's and
+each self-attention call reaches the scheme's code (the scheme runs); a
+padded example gives what it gives alone; the decoders (Whisper's, CLIP's
 causal text tower) give what ``sdpa`` gives; HNAS u survives
 ``save_pretrained`` / ``hf.from_pretrained``; Whisper's ``generate()``
 decodes from the DNAS encoder.
@@ -19,10 +21,12 @@ import os
 import pytest
 import torch
 import transformers
+from test_hf_discrete import FixedNoise
 from test_hf_discrete import reference as discrete_reference
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from fairseq_dnas import hf
+from fairseq_dnas.attention import discrete as DA
 from fairseq_dnas.attention import kernels
 from fairseq_dnas.hf.attention import ROLE_ATTR
 from fairseq_dnas.reference import reference_probs
@@ -123,8 +127,9 @@ def _ref64(module, query, key, value, attention_mask, scaling=None, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     pad = hf.key_padding_mask(attention_mask, query.shape[0], query.shape[2])
     scheme = module.scheme_under_test
-    if scheme == "discrete":
-        out, _ = discrete_reference(query, key, value, pad, scaling, module.gumbel_temperature, training=False)
+    if scheme == "discrete":  # in training with the noise the model drew (FixedNoise), in order
+        noise = module.noise_under_test.next() if module.training else None
+        out, _ = discrete_reference(query, key, value, pad, scaling, module.gumbel_temperature, module.training, noise)
         return out.transpose(1, 2), None
     u = torch.sigmoid(module.hybrid_logit.detach().double()) if scheme == "hnas" else None
     p = reference_probs((query * scaling) @ key.transpose(-1, -2), scheme, pad, pad, u)
@@ -308,3 +313,33 @@ def _head_inputs(family, model):
     if isinstance(model, transformers.WhisperModel):
         batch["decoder_input_ids"] = torch.ones(2, 3, dtype=torch.long)
     return batch
+
+
+@pytest.mark.parametrize("family", ["vit", pytest.param("siglip", marks=pytest.mark.full)])
+def test_discrete_in_training_matches_float64_reference(family, monkeypatch):
+    """The relaxed sample of training (Gumbel noise fixed, drawn in the model's order), forward and gradients."""
+    batch = inputs(family)
+    model = hf.enable(build(family), scheme="discrete", gumbel_temperature=0.7).train()
+    noise = FixedNoise()
+    monkeypatch.setattr(DA, "gumbel_noise", noise)
+    out = encode(model, family, batch)
+    selfs = [m for _, m, role in hf.attention_modules(model) if role == "self"]
+    assert len(noise.drawn) == len(selfs)  # one sample per self-attention call: the scheme runs
+    ref = copy.deepcopy(model).double().train()
+    for _, module, role in hf.attention_modules(ref):
+        module.scheme_under_test, module.noise_under_test = "discrete", noise
+    ref.set_attn_implementation("encoders_ref64")
+    want = encode(ref, family, {k: v.double() if v.is_floating_point() else v for k, v in batch.items()})
+    assert noise.used == len(selfs)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    (out * g).sum().backward()
+    (want * g.double()).sum().backward()
+    params, checked = dict(ref.named_parameters()), 0
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            scale = max(1.0, params[name].grad.abs().max().item())
+            torch.testing.assert_close(p.grad.double(), params[name].grad, atol=1e-4 * scale, rtol=1e-3,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+            checked += 1
+    assert checked > 10
