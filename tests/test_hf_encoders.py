@@ -16,7 +16,6 @@ decodes from the DNAS encoder.
 """
 
 import copy
-import os
 
 import pytest
 import torch

@@ -48,7 +48,7 @@ def test_vit_example_trains_hnas_and_reloads(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [(["--image-size", "30"], "multiple of --patch-size"),
                                           (["--steps", "0"], "--steps must be > 0")])
-def test_bad_settings_one_line(argv, message, capsys):
+def test_bad_settings_one_line(argv, message):
     with pytest.raises(SystemExit) as e:
         vit_shapes.parse_args(argv)
     assert message in str(e.value.code) and "\n" not in str(e.value.code)
