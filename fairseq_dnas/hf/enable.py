@@ -12,6 +12,7 @@ classes do not define, so the HNAS logits are read back from the files.
 """
 
 import contextlib
+import inspect
 import json
 import os
 from typing import List, Tuple
@@ -25,25 +26,89 @@ from fairseq_dnas.attention.gumbel_schedule import check_temperature
 from fairseq_dnas.attention.hybrid import HYBRID_PER, hybrid_logit
 from fairseq_dnas.hf.attention import DISCRETE, HARD_ATTR, ROLE_ATTR, SCHEMES, TEMPERATURE_ATTR, infer_role, register
 
-TESTED = "BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder)"
+TESTED = ("BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder), Whisper (encoder), ViT, "
+          "DINOv2, SigLIP, CLIP (vision tower), wav2vec 2.0, HuBERT")
 LOGIT = "hybrid_logit"
 
 
 PROBE = "dnas_probe"  # the implementation name of the probe forward
 
 
-def _interface_callers(model) -> list:
-    """The modules that call the attention function transformers takes from
-    its AttentionInterface, found by what the model does: one forward of its
-    dummy inputs under a registered probe implementation that records each
-    module calling it (and computes as ``sdpa``). Empty when transformers
+PROBE_LENGTH = 8  # tokens (or decoder tokens, or audio frames) of the probe forward's one sequence
+
+
+def _sub_config(config, name: str):
+    """``config``'s sub-config ``name`` (CLIP/SigLIP: text_config, vision_config), or ``config`` itself."""
+    return getattr(config, name, None) or config
+
+
+def _token_ids(config, length: int) -> torch.Tensor:
+    """(1, length) ids below the vocabulary size, ending with the end-of-sequence id when there is one
+    (BART's classification head reads the hidden state at the end tokens)."""
+    vocab = getattr(config, "vocab_size", None) or 2
+    length = min(length, getattr(config, "max_position_embeddings", None) or length)
+    ids = torch.arange(length) % vocab
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, int) and 0 <= eos < vocab:
+        ids[-1] = eos
+    return ids[None]
+
+
+def _audio_samples(config, frames: int) -> int:
+    """Raw samples that wav2vec 2.0's convolutional feature encoder turns into ``frames`` frames."""
+    samples = frames
+    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride))):
+        samples = (samples - 1) * stride + kernel  # a Conv1d without padding, inverted
+    return samples
+
+
+def _probe_inputs(model) -> dict:
+    """A batch of one sequence for ``model.forward``, built from its config
+    (not from ``dummy_inputs``, which many models lack or build wrongly):
+    token ids, images (``pixel_values``), raw audio (``input_values``), log-mel
+    features (``input_features``, Whisper's encoder length) and, for an
+    encoder-decoder model, decoder ids; each only where ``forward`` takes it."""
+    config = model.config
+    takes = inspect.signature(model.forward).parameters
+    dtype = next(model.parameters()).dtype
+    inputs = {}
+    if "input_ids" in takes and (model.main_input_name == "input_ids" or "pixel_values" in takes):
+        inputs["input_ids"] = _token_ids(_sub_config(config, "text_config"), PROBE_LENGTH)  # CLIP/SigLIP: both towers
+    if "pixel_values" in takes:
+        vision = _sub_config(config, "vision_config")
+        size = vision.image_size if isinstance(vision.image_size, int) else vision.image_size[0]
+        inputs["pixel_values"] = torch.randn(1, vision.num_channels, size, size, dtype=dtype)
+    if "input_values" in takes and hasattr(config, "conv_kernel"):
+        inputs["input_values"] = torch.randn(1, _audio_samples(config, PROBE_LENGTH), dtype=dtype)
+    if "input_features" in takes and hasattr(config, "max_source_positions"):
+        # Whisper's encoder takes exactly 2 * max_source_positions frames (its second convolution has stride 2)
+        inputs["input_features"] = torch.randn(1, config.num_mel_bins, 2 * config.max_source_positions, dtype=dtype)
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in takes:
+        # the source's ids where there are (PEGASUS, unlike BART, makes no decoder input from them; of the
+        # same length, a classification head that reads the decoder at the end tokens finds them)
+        inputs["decoder_input_ids"] = inputs.get("input_ids", _token_ids(config, PROBE_LENGTH))
+    if not inputs:
+        raise ValueError(f"cannot build an input for {type(model).__name__}.forward from its config (it takes none of "
+                         "input_ids, pixel_values, input_values, input_features)")
+    return inputs
+
+
+def _interface_callers(model) -> dict:
+    """module -> role seen, for each module that calls the attention function
+    transformers takes from its AttentionInterface, found by what the model
+    does: one forward of inputs built from its config (``_probe_inputs``)
+    under a registered probe implementation that records each module calling
+    it (and computes as ``sdpa``). The role is 'causal' where the call says
+    ``is_causal=True`` (CLIP's text tower shares its attention class with the
+    vision tower and says it only there), 'cross' where queries and keys differ
+    in length, else None (told by ``infer_role``). Empty when transformers
     refuses to set the implementation (a model that does not use the
     interface) or the forward never reaches it."""
-    called = []
+    called = {}
 
     def probe(module, query, key, value, attention_mask, **kwargs):
-        if all(m is not module for m in called):
-            called.append(module)
+        role = "causal" if kwargs.get("is_causal") else "cross" if query.shape[-2] != key.shape[-2] else None
+        called.setdefault(module, role)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register(PROBE, probe)
@@ -52,19 +117,15 @@ def _interface_callers(model) -> list:
     try:
         model.set_attn_implementation(PROBE)
         if model.config._attn_implementation != PROBE:
-            return []
+            return {}
         model.eval()
         device = next(model.parameters()).device
-        inputs = dict(model.dummy_inputs)
-        if getattr(model.config, "is_encoder_decoder", False) and "decoder_input_ids" not in inputs:
-            # PEGASUS (unlike BART) makes no decoder input from input_ids; of the same length, so that a
-            # classification head that reads the decoder at the source's end tokens (BART's) finds them
-            inputs["decoder_input_ids"] = inputs["input_ids"]
+        inputs = _probe_inputs(model)
         with torch.no_grad():
             model(**{k: v.to(device) for k, v in inputs.items()})
     except Exception as err:  # noqa: BLE001 (any model: say which one and why)
-        raise ValueError(f"{type(model).__name__}: the probe forward (its dummy_inputs) that finds the attention "
-                         f"modules failed ({type(err).__name__}: {err})") from None
+        raise ValueError(f"{type(model).__name__}: the probe forward (inputs built from its config) that finds the "
+                         f"attention modules failed ({type(err).__name__}: {err})") from None
     finally:
         if model.config._attn_implementation != previous:
             model.set_attn_implementation(previous)
@@ -76,13 +137,13 @@ def attention_modules(model) -> List[Tuple[str, torch.nn.Module, str]]:
     """(name, module, role) of every attention module that calls the
     interface (``_interface_callers``), in model order (encoder layers bottom
     first). A module shared by several layers (ALBERT) appears once."""
-    callers = {id(m) for m in _interface_callers(model)}
+    callers = _interface_callers(model)
     seen, found = set(), []
     for name, module in model.named_modules():
-        if id(module) in seen or id(module) not in callers:
+        if id(module) in seen or module not in callers:
             continue
         seen.add(id(module))
-        found.append((name, module, infer_role(module, name)))
+        found.append((name, module, callers[module] or infer_role(module, name)))
     return found
 
 
@@ -236,17 +297,30 @@ def _saved_tensors(path: str):
     return found
 
 
+def _saved_name(model, name: str, param) -> str:
+    """The name ``save_pretrained`` gives parameter ``name``: transformers 5
+    saves some models under their earlier names (ViT's ``layers.0`` as
+    ``encoder.layer.0``) and renames them back on loading."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers before 5: saved as named
+        return name
+    (saved,) = revert_weight_conversion(model, {name: param}).keys()
+    return saved
+
+
 def load_hybrid_logits(model, path: str) -> int:
     """Copy the HNAS logits saved in ``path`` into ``model`` (after ``enable``); returns how many."""
     saved = _saved_tensors(path)
     own = {n: p for n, p in model.named_parameters() if n.endswith(LOGIT)}
     missing = []
-    for name, param in own.items():
+    for own_name, param in own.items():
+        name = _saved_name(model, own_name, param)
         # The saved name may carry or lack the base model's prefix
         # (saved from BertForSequenceClassification, loaded into BertModel).
         match = [k for k in saved if k == name or k.endswith("." + name) or name.endswith("." + k)]
         if len(match) != 1 or saved[match[0]].shape != param.shape:
-            missing.append(name)
+            missing.append(own_name)
             continue
         with torch.no_grad():
             param.copy_(saved[match[0]].to(param.device, param.dtype))
