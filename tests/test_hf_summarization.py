@@ -39,7 +39,7 @@ def _gigaword_pairs(gigaword_dir, folder, train=32, test=8):
     return folder
 
 
-def test_tiny_hnas_trains_decodes_scores_and_reloads(tmp_path, gigaword_dir):
+def test_tiny_hnas_trains_decodes_scores_and_reloads(tmp_path, gigaword_dir, capsys):
     from fairseq_dnas import hf
     from fairseq_dnas.commands import rouge_eval
 
@@ -54,8 +54,7 @@ def test_tiny_hnas_trains_decodes_scores_and_reloads(tmp_path, gigaword_dir):
     results = json.loads(open(os.path.join(out, "all_results.json")).read())
     predictions = open(os.path.join(out, "generated_predictions.txt"), encoding="utf-8").read().splitlines()
     assert len(predictions) == 8 and results["predict_samples"] == 8 and results["eval_samples"] == 4
-    # every ROUGE type the project's scorer lists, ROUGE-Lsum among them
-    assert "rougeLsum" in rouge_eval.TYPES
+    # every ROUGE type the project's scorer lists (ROUGE-Lsum among them: checked last)
     for t in rouge_eval.TYPES:
         assert 0 <= results[f"predict_{t}"] <= 100 and f"eval_{t}" in results
     # the metrics (decoded label ids) agree with rouge_eval on the files (headlines are far below 128 tokens)
@@ -85,6 +84,15 @@ def test_tiny_hnas_trains_decodes_scores_and_reloads(tmp_path, gigaword_dir):
     assert model.config.dnas == {"scheme": "hnas", "hybrid_init": 0.3, "per": "head"}
     assert hf.callback.layer_weights(model) == results["u"]
 
+    # the saved folder keeps its scheme: another one is refused in one line, before anything is written
+    capsys.readouterr()
+    assert summ.main(["--model_name_or_path", out, "--scheme", "dnas", "--test_file", f"{data}/test.source",
+                      "--do_predict", "--predict_with_generate", "--output_dir", str(tmp_path / "again"), *QUICK]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {out} was saved with scheme 'hnas': drop --scheme dnas (it keeps 'hnas'), or start from the plain "
+        "pretrained model"]
+    assert not (tmp_path / "again").exists()
+
     # an interrupted run from the saved folder: no result file of the earlier run is left to pass for it
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -101,6 +109,8 @@ def test_tiny_hnas_trains_decodes_scores_and_reloads(tmp_path, gigaword_dir):
     left = set(os.listdir(out))
     assert not left & set(summ.RESULT_FILES), left
     assert "config.json" in left  # the model is kept
+
+    assert "rougeLsum" in rouge_eval.TYPES and "predict_rougeLsum" in results
 
 
 def test_sources_truncated_at_1024_and_labels_padded_with_minus_100():
@@ -233,12 +243,3 @@ def test_command_line_on_a_cnndm_shaped_sample(tmp_path, scheme):
     assert (config.get("dnas") or {}).get("scheme") == (scheme if scheme != "sdpa" else None)
     generation = json.loads(open(os.path.join(out, "generation_config.json")).read())
     assert generation["no_repeat_ngram_size"] == 3 and generation["num_beams"] == 2
-    # the saved folder goes on with its own scheme; another one is refused in one line
-    if scheme == "dnas":
-        proc = subprocess.run([sys.executable, SCRIPT, "--model_name_or_path", out, "--scheme", "hnas",
-                               "--test_file", data, "--do_predict", "--predict_with_generate", "--output_dir",
-                               str(tmp_path / "again"), *QUICK], capture_output=True, text=True, timeout=600, env=env)
-        assert proc.returncode == 1
-        assert proc.stderr.strip().splitlines()[-1] == (
-            f"error: {out} was saved with scheme 'dnas': drop --scheme hnas (it keeps 'dnas'), or start from the "
-            "plain pretrained model")

@@ -257,16 +257,26 @@ def load_model(margs, texts: List[str], positions: int):
 
     from fairseq_dnas import hf
 
+    if margs.tiny and margs.model_name_or_path:
+        raise InputError("--tiny builds its own model: drop --model_name_or_path (or --tiny)")
+    if not margs.tiny and not margs.model_name_or_path:
+        raise InputError("--model_name_or_path is required (a save_pretrained folder or a hub name such as "
+                         "facebook/bart-large), or --tiny for a pipeline check")
+    path = margs.model_name_or_path
+    saved = None if margs.tiny else saved_scheme(path)
+    scheme = margs.scheme or saved or "sdpa"
+    if saved and scheme != saved:
+        raise InputError(f"{path} was saved with scheme {saved!r}: drop --scheme {scheme} (it keeps {saved!r}), or "
+                         "start from the plain pretrained model")
+    given = {"hybrid_init": margs.hybrid_init, "per": margs.per}
+    if scheme != "hnas" and any(v is not None for v in given.values()):
+        raise InputError(f"--hybrid_init and --per apply to --scheme hnas only; drop them for --scheme {scheme}")
+    if saved and any(v is not None for v in given.values()):
+        raise InputError(f"{path} restores its own u: drop --hybrid_init and --per")
     if margs.tiny:
-        if margs.model_name_or_path:
-            raise InputError("--tiny builds its own model: drop --model_name_or_path (or --tiny)")
         tokenizer = tiny_tokenizer(texts, margs.tiny_vocab_size)
-        model, saved = tiny_bart(tokenizer, positions), None
+        model = tiny_bart(tokenizer, positions)
     else:
-        if not margs.model_name_or_path:
-            raise InputError("--model_name_or_path is required (a save_pretrained folder or a hub name such as "
-                             "facebook/bart-large), or --tiny for a pipeline check")
-        path, saved = margs.model_name_or_path, saved_scheme(margs.model_name_or_path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(margs.tokenizer_name or path)
             model = (hf.from_pretrained(AutoModelForSeq2SeqLM, path) if saved
@@ -274,15 +284,6 @@ def load_model(margs, texts: List[str], positions: int):
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise InputError(f"--model_name_or_path {path}: cannot load it ({first})") from None
-    scheme = margs.scheme or saved or "sdpa"
-    if saved and scheme != saved:
-        raise InputError(f"{margs.model_name_or_path} was saved with scheme {saved!r}: drop --scheme {scheme} (it "
-                         f"keeps {saved!r}), or start from the plain pretrained model")
-    given = {"hybrid_init": margs.hybrid_init, "per": margs.per}
-    if scheme != "hnas" and any(v is not None for v in given.values()):
-        raise InputError(f"--hybrid_init and --per apply to --scheme hnas only; drop them for --scheme {scheme}")
-    if saved and any(v is not None for v in given.values()):
-        raise InputError(f"{margs.model_name_or_path} restores its own u: drop --hybrid_init and --per")
     if scheme != "sdpa" and not saved:
         try:
             hf.enable(model, scheme=scheme, **({k: v for k, v in given.items() if v is not None}
