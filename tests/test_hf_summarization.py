@@ -182,12 +182,12 @@ def test_compute_metrics_decodes_the_ids_and_scores_with_rouge_eval():
     assert result["gen_len"] == np.mean([len(tokenizer(h)["input_ids"]) for h in hyps])
 
 
-@pytest.mark.parametrize("case", ["missing file", "missing column", "unknown scheme", "no target file"])
+@pytest.mark.parametrize("case", ["missing file", "missing column", "unknown scheme", "no target file", "no model"])
 def test_bad_input_is_one_line(tmp_path, capsys, case):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"article": "a b c", "highlights": "a"}) + "\n")
     (tmp_path / "x.source").write_text("a b\n")
-    base = ["--tiny", "--do_train", "--output_dir", str(tmp_path / "out")]
+    base = ["--do_train", "--output_dir", str(tmp_path / "out")] + ([] if case == "no model" else ["--tiny"])
     args, code, line = {
         "missing file": (["--train_file", str(tmp_path / "nope.jsonl")], 1,
                          f"error: --train_file {tmp_path / 'nope.jsonl'}: no such file"),
@@ -199,6 +199,9 @@ def test_bad_input_is_one_line(tmp_path, capsys, case):
         "no target file": (["--train_file", str(tmp_path / "x.source")], 1,
                            f"error: --train_file {tmp_path / 'x.source'}: its summaries {tmp_path / 'x.target'} "
                            "do not exist (a .source file goes with a .target file, line by line)"),
+        "no model": (["--train_file", str(data), "--model_name_or_path", str(tmp_path / "bart")], 1,
+                     f"error: --model_name_or_path {tmp_path / 'bart'}: no such folder (a save_pretrained folder, or "
+                     "a hub name such as facebook/bart-large)"),
     }[case]
     assert summ.main(base + args) == code
     err = capsys.readouterr().err

@@ -273,6 +273,9 @@ def load_model(margs, texts: List[str], positions: int):
         raise InputError(f"--hybrid_init and --per apply to --scheme hnas only; drop them for --scheme {scheme}")
     if saved and any(v is not None for v in given.values()):
         raise InputError(f"{path} restores its own u: drop --hybrid_init and --per")
+    if path and (os.path.isabs(path) or path.startswith(".")) and not os.path.isdir(path):
+        raise InputError(f"--model_name_or_path {path}: no such folder (a save_pretrained folder, or a hub name "
+                         "such as facebook/bart-large)")
     if margs.tiny:
         tokenizer = tiny_tokenizer(texts, margs.tiny_vocab_size)
         model = tiny_bart(tokenizer, positions)
