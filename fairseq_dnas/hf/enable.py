@@ -138,6 +138,9 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = None, per: str = No
     gumbel_hard: discrete only: straight-through, a one-hot forward with the
         relaxed gradient (default False; fairseq's --gumbel-hard).
     A setting given for a scheme that does not read it is a ValueError.
+    On a model that has u already (a second call, or after from_pretrained),
+    'hnas' starts u afresh at hybrid_init and any other scheme removes it,
+    each with a warning saying so.
     In eval mode (``model.eval()``) discrete attention takes the argmax key
     of each row, without noise.
 
