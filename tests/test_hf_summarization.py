@@ -114,8 +114,6 @@ def test_tiny_hnas_trains_decodes_scores_and_reloads(tmp_path, gigaword_dir, cap
 
 
 def test_sources_truncated_at_1024_and_labels_padded_with_minus_100():
-    from transformers import DataCollatorForSeq2Seq
-
     words = [f"w{i % 50}" for i in range(3000)]
     tokenizer = summ.tiny_tokenizer([" ".join(words)], 300)
     margs, dargs, targs = summ.parse(["--tiny", "--do_train", "--output_dir", "unused"])

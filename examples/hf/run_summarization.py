@@ -48,7 +48,6 @@ of an earlier run there are removed when a run starts).
 """
 
 import csv
-import dataclasses
 import json
 import os
 import sys
@@ -58,6 +57,7 @@ from typing import List, Optional
 SCHEMES = ("sdpa", "dnas", "hnas")
 RESULT_FILES = ("generated_predictions.txt", "predict_rouge.json", "train_results.json", "eval_results.json",
                 "predict_results.json", "all_results.json")
+HISTORY = "hybrid_weights.jsonl"  # u at each Trainer log of an HNAS run; a new training run starts it afresh
 # the tiny model of --tiny (a pipeline check, not a summarizer)
 TINY = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=64, decoder_ffn_dim=64)
@@ -417,7 +417,10 @@ def run(margs, dargs, targs):
     generation.max_length = max_length
 
     os.makedirs(targs.output_dir, exist_ok=True)
-    for name in RESULT_FILES:  # an earlier run's results would pass for this one's
+    stale = list(RESULT_FILES)  # an earlier run's results would pass for this one's
+    if targs.do_train and not targs.resume_from_checkpoint:
+        stale.append(HISTORY)  # a new training run starts the history of u afresh
+    for name in stale:
         if os.path.exists(os.path.join(targs.output_dir, name)):
             os.remove(os.path.join(targs.output_dir, name))
 
@@ -431,7 +434,7 @@ def run(margs, dargs, targs):
     if scheme == "hnas":
         # first, so the printer and reporters after it see u/layer<i> in each log
         trainer.callback_handler.callbacks.insert(
-            0, hf.HybridWeightCallback(path=os.path.join(targs.output_dir, "hybrid_weights.jsonl")))
+            0, hf.HybridWeightCallback(path=os.path.join(targs.output_dir, HISTORY)))
     print(f"[summarization] {type(model).__name__}, encoder self-attention {scheme}; "
           + ", ".join(f"{split} {len(d)}" for split, d in datasets.items()), file=sys.stderr)
 
