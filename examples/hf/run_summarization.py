@@ -47,6 +47,7 @@ all_results.json last: a folder without it is an unfinished run (the files
 of an earlier run there are removed when a run starts).
 """
 
+import argparse
 import csv
 import json
 import os
@@ -128,7 +129,8 @@ class OneLineParser:
             def error(self, message):
                 raise InputError(message, code=2)
 
-        return Parser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), description=__doc__)
+        return Parser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 # ---------------------------------------------------------------- data
