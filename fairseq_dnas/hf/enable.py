@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import json
 import os
+import warnings
 from typing import List, Tuple
 
 import torch
@@ -23,7 +24,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fairseq_dnas.attention.gumbel_schedule import check_temperature
-from fairseq_dnas.attention.hybrid import HYBRID_PER, hybrid_logit
+from fairseq_dnas.attention.hybrid import HYBRID_PER, check_hybrid_init, hybrid_logit
 from fairseq_dnas.hf.attention import DISCRETE, HARD_ATTR, ROLE_ATTR, SCHEMES, TEMPERATURE_ATTR, infer_role, register
 
 TESTED = ("BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder), Whisper (encoder), ViT, "
@@ -198,6 +199,9 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = None, per: str = No
     gumbel_hard: discrete only: straight-through, a one-hot forward with the
         relaxed gradient (default False; fairseq's --gumbel-hard).
     A setting given for a scheme that does not read it is a ValueError.
+    On a model that has u already (a second call, or after from_pretrained),
+    'hnas' starts u afresh at hybrid_init and any other scheme removes it,
+    each with a warning saying so.
     In eval mode (``model.eval()``) discrete attention takes the argmax key
     of each row, without noise.
 
@@ -238,18 +242,24 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = None, per: str = No
             f"{kind} has no bidirectional self-attention (all its attention is causal or cross-attention, which "
             f"stays softmax): DNAS/HNAS is for encoders such as {TESTED}"
         )
+    if scheme == "hnas":  # a bad hybrid_init is refused before anything changes
+        check_hybrid_init(hybrid_init, "hybrid_init", "scheme='unas' or 'dnas'")
     for name, module, role in modules:
         setattr(module, ROLE_ATTR, role)
+    _say_what_happens_to_u(model, [m for _, m in selfs], scheme, hybrid_init, per)
     for name, module in selfs:
         heads = _num_heads(module, model.config)
-        want = heads if per == "head" else 1
         current = getattr(module, LOGIT, None)
         if scheme == "hnas":
-            if current is None or current.numel() != want:
-                device = next(module.parameters()).device
-                module.register_parameter(
-                    LOGIT, hybrid_logit(heads, hybrid_init, per, name="hybrid_init", fixed="scheme='unas' or 'dnas'", device=device)
-                )
+            # u starts at hybrid_init, also where the module has u already (a second call): config.dnas says so
+            device = next(module.parameters()).device
+            fresh = hybrid_logit(heads, hybrid_init, per, name="hybrid_init", fixed="scheme='unas' or 'dnas'",
+                                 device=device)
+            if current is not None and current.shape == fresh.shape:
+                with torch.no_grad():  # the same Parameter: an optimizer holding it keeps training it
+                    current.copy_(fresh.to(current.dtype))
+            else:
+                module.register_parameter(LOGIT, fresh)
         elif current is not None:
             delattr(module, LOGIT)
         if scheme == DISCRETE:
@@ -270,6 +280,24 @@ def enable(model, scheme: str = "hnas", hybrid_init: float = None, per: str = No
     model.config.attn_implementation = scheme
     model.set_attn_implementation(scheme)
     return model
+
+
+def _say_what_happens_to_u(model, modules, scheme: str, hybrid_init, per):
+    """A warning when ``enable`` is called on a model that has HNAS weights u
+    already (a second call, or after hf.from_pretrained): 'hnas' starts them
+    afresh at ``hybrid_init``, any other scheme removes them."""
+    logits = [getattr(m, LOGIT) for m in modules if getattr(m, LOGIT, None) is not None]
+    if not logits:
+        return
+    mean = float(torch.cat([torch.sigmoid(x.detach().float()).flatten() for x in logits]).mean())
+    had = f"{type(model).__name__} has HNAS weights u already ({len(logits)} modules, mean u {mean:.4g})"
+    if scheme == "hnas":
+        warnings.warn(f"{had}: enable(scheme='hnas') starts them afresh at hybrid_init={hybrid_init}, per={per!r}, "
+                      "as config.dnas records; to keep trained u, do not call enable again (hf.from_pretrained "
+                      "restores them)", stacklevel=3)
+    else:
+        warnings.warn(f"{had}: scheme={scheme!r} has none, so enable removes them; save the model "
+                      "(save_pretrained) first to keep them", stacklevel=3)
 
 
 def _saved_tensors(path: str):
