@@ -73,6 +73,24 @@ def test_lean_equals_long_for_the_same_dropout_seed(scheme):
     check_same_as_long(lean, scheme)
 
 
+@pytest.mark.parametrize("scheme", ["hnas", pytest.param("dnas", marks=pytest.mark.full)])
+def test_large_scores_with_u_near_0_and_1(scheme):
+    """Scores up to |s| about 40 and beyond (rows far below the columns' maxima:
+    HNAS's one exponential and its row and column factors, where 2^(c2) alone
+    or a lone softmax probability would leave float32's half range), u 0.02
+    and 0.98, left padding, float32."""
+    q, k, v, do, _ = _inputs(F32, tq=37, tk=37, d=16, batch=2, heads=2, seed=5, mean=0.0)
+    with torch.no_grad():
+        q.mul_(1.2)
+        k.mul_(1.2)
+        q[:, :, ::5] *= -1.2  # some queries far below the others in every column
+    s = (q @ k.transpose(-1, -2)).detach()
+    assert 40 < s.abs().amax() < 100 and (s.abs() > 30).float().mean() > 0.03
+    u = torch.tensor([0.02, 0.98], device=DEVICE, requires_grad=True)
+    kmask, qmask = _masks(left=True, batch=2)
+    check_against_float64(lean, q, k, v, do, u, scheme, kmask, qmask)
+
+
 def test_an_all_padding_sentence_and_one_token():
     """A sentence that is all padding gives zeros and finite gradients; a
     one-query, one-key call gives v (DNAS weight 1)."""

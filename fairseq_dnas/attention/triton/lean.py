@@ -81,16 +81,17 @@ LOG2E = tl.constexpr(1.4426950408889634)  # L = log2(e): exp(x) = 2^(L x)
 
 @triton.jit
 def _lean_column_kernel(
-    Q, K, C2, MU, QPAD, KPAD,
+    Q, K, C2, CB, MU, QPAD, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
     H, TQ, TK, D,
-    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+    HYBRID: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """c2[j] = L c[j] = log2 sum over real queries i of 2^(L s[i, j]) (+inf at
     padded keys and keys no real query sees), as ``column.py``'s pass in base
     2; the program of key block 0 also writes mu (B, H, D) float32, the mean
-    of the real queries (0 where there is none)."""
+    of the real queries (0 where there is none). HNAS: also CB (B, H, 2, T_k),
+    the column factors 2^(c2 / 2) and 2^(-c2 / 2) (``column_factors``)."""
     pid_n, bh, b, h = program(TK, H, BLOCK_N, INT64)
     offs_n = offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -109,6 +110,10 @@ def _lean_column_kernel(
     ok = real(KPAD, b, offs_n, TK, HAS_PAD) & (l > 0)
     c2 = tl.where(ok, m + tl.log2(tl.where(ok, l, 1.0)), float("inf"))
     tl.store(C2 + bh * TK + offs_n, c2, mask=offs_n < TK)
+    if HYBRID:
+        b_up, b_down = column_factors(c2)
+        tl.store(CB + (2 * bh) * TK + offs_n, b_up, mask=offs_n < TK)
+        tl.store(CB + (2 * bh + 1) * TK + offs_n, b_down, mask=offs_n < TK)
     if pid_n == 0:  # this program's head: the mean real query, in a loop of its own (not in the one above)
         q_sum = tl.zeros([BLOCK_D], tl.float32)
         n_real = tl.zeros([BLOCK_M], tl.float32)
@@ -138,8 +143,36 @@ def _online_step2(m, l, acc, x, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISIO
 
 
 @triton.jit
+def column_factors(c2):
+    """HNAS's column factors 2^(c2 / 2) and 2^(-c2 / 2), 0 at padded keys
+    (c2 = +inf). With the row factors 2^(+-(r2u - r2) / 2) they turn one
+    exponential e = 2^(L s - c2 / 2 - (r2u + r2) / 2) into both
+    probabilities (``hybrid_pair``); halves, so that each factor holds the
+    square root of a ratio and stays within float32 where the whole would not."""
+    ok = c2 < float("inf")
+    half = tl.where(ok, 0.5 * c2, 0.0)
+    return tl.where(ok, tl.exp2(half), 0.0), tl.where(ok, tl.exp2(-half), 0.0)
+
+
+@triton.jit
+def hybrid_pair(e, up_row, down_row, up_col, down_col):
+    """pi_U and pi_D from one exponential e = 2^(x - (g_j + h_i)), the midpoint
+    of the two log-probabilities (x = L s; UNAS: x - R_i, DNAS: x - 2 g_j - r_i
+    with g_j = c2_j / 2, 2 h_i = R_i + r_i):
+        pi_U = e 2^(g_j) 2^((r_i - R_i) / 2),   pi_D = e 2^(-g_j) 2^((R_i - r_i) / 2)
+    (up_col = 2^(g_j), down_col = 2^(-g_j), up_row = 2^((R_i - r_i) / 2),
+    down_row its inverse; tiles of any orientation, the factors broadcast).
+    e <= 1 (the mean of two log-probabilities <= 0), and where either
+    probability matters e is at least the square root of the other, so neither
+    underflows before the scores' spread reaches float32's half range
+    (about 87 in s); the factors multiply first: their product is the square
+    root of pi_D / pi_U (or its inverse)."""
+    return e * (up_col * down_row), e * (down_col * up_row)
+
+
+@triton.jit
 def _lean_forward_kernel(
-    Q, K, V, C2, U, SEED, OUT, OD, R2, R2U, QPAD,
+    Q, K, V, C2, CB, U, SEED, OUT, OD, R2, R2U, ER, AR, QPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     so_b, so_h, so_t, so_d,
     H, TQ, TK, D, drop_threshold,
@@ -149,7 +182,15 @@ def _lean_forward_kernel(
     """out = pi V for one query block (long.py's forward in base 2): DNAS, the
     softmax of L s - c2; HNAS, also the UNAS softmax of L s, and OD = O_D - O_U
     in float32 (with OUT's strides). Rows without weight (padded queries, no real key)
-    get r2 = +inf and output 0."""
+    get r2 = +inf and output 0. For the backward: ER = 2^r2 (0 at those rows)
+    and, HNAS, AR (B, H, 2, T_q) the row factors 2^(+-(r2u - r2) / 2) (1 there).
+
+    HNAS takes one exponential a score for both softmaxes (``hybrid_pair``):
+    with running maxima m_u of L s and m_d of L s - c2,
+    e = 2^(L s - c2 / 2 - (m_u + m_d) / 2) <= 1, pi_U's terms
+    e 2^(c2 / 2) 2^((m_d - m_u) / 2), pi_D's e 2^(-c2 / 2) 2^((m_u - m_d) / 2);
+    the column factors come from the column pass (CB), the row factors are
+    two exponentials a row."""
     pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
     offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -176,21 +217,49 @@ def _lean_forward_kernel(
         byte = 0
         if DROPOUT:
             byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
-        m_d, l_d, acc_d = _online_step2(m_d, l_d, acc_d, s * LOG2E - c2[None, :], v, byte, t_pair, DROPOUT,
-                                        PRECISION)
-        if HYBRID:  # UNAS over the same scores, padded keys (c2 = inf) left out by a bias of -inf
-            s_u = s * LOG2E + tl.where(c2 < float("inf"), 0.0, float("-inf"))[None, :]
-            m_u, l_u, acc_u = _online_step2(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
+        if HYBRID:  # UNAS and DNAS from one exponential a score; padded keys (c2 = inf) left out
+            up_col = tl.load(CB + (2 * bh) * TK + offs_n, mask=offs_n < TK, other=0.0)
+            down_col = tl.load(CB + (2 * bh + 1) * TK + offs_n, mask=offs_n < TK, other=0.0)
+            x = s * LOG2E
+            m_u_new = tl.maximum(m_u, tl.max(x + tl.where(c2 < float("inf"), 0.0, float("-inf"))[None, :], 1))
+            m_d_new = tl.maximum(m_d, tl.max(x - c2[None, :], 1))
+            alpha_u = tl.exp2(m_u - m_u_new)
+            alpha_d = tl.exp2(m_d - m_d_new)
+            half_gap = 0.5 * (m_u_new - m_d_new)  # (m_u - m_d) / 2: 0 while no real key was seen
+            e = tl.exp2(x - 0.5 * c2[None, :] - (0.5 * (m_u_new + m_d_new))[:, None])
+            p_u, p_d = hybrid_pair(e, tl.exp2(half_gap)[:, None], tl.exp2(-half_gap)[:, None], up_col[None, :],
+                                   down_col[None, :])
+            l_u = l_u * alpha_u + tl.sum(p_u, 1)
+            l_d = l_d * alpha_d + tl.sum(p_d, 1)
+            p_u = p_u.to(v.dtype)
+            p_d = p_d.to(v.dtype)
+            if DROPOUT:
+                p_u = dropped(p_u, byte, t_pair)
+                p_d = dropped(p_d, byte, t_pair)
+            acc_u = acc_u * alpha_u[:, None] + tl.dot(p_u, v, input_precision=PRECISION)
+            acc_d = acc_d * alpha_d[:, None] + tl.dot(p_d, v, input_precision=PRECISION)
+            m_u = m_u_new
+            m_d = m_d_new
+        else:
+            m_d, l_d, acc_d = _online_step2(m_d, l_d, acc_d, s * LOG2E - c2[None, :], v, byte, t_pair, DROPOUT,
+                                            PRECISION)
     ok_d = real_q & (l_d > 0)
     l_d = tl.where(ok_d, l_d, 1.0)
     o_d = tl.where(ok_d[:, None], acc_d * (scale / l_d)[:, None], 0.0)
-    tl.store(R2 + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log2(l_d), float("inf")), mask=offs_m < TQ)
+    r2 = m_d + tl.log2(l_d)
+    tl.store(R2 + bh * TQ + offs_m, tl.where(ok_d, r2, float("inf")), mask=offs_m < TQ)
+    tl.store(ER + bh * TQ + offs_m, tl.where(ok_d, tl.exp2(r2), 0.0), mask=offs_m < TQ)  # loop 2's 2^r2
     if HYBRID:
         u = tl.load(U + h)
         ok_u = real_q & (l_u > 0)
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
-        tl.store(R2U + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log2(l_u), float("inf")), mask=offs_m < TQ)
+        r2u = m_u + tl.log2(l_u)
+        tl.store(R2U + bh * TQ + offs_m, tl.where(ok_u, r2u, float("inf")), mask=offs_m < TQ)
+        ok = ok_u & ok_d
+        half_gap = tl.where(ok, 0.5 * (r2u - r2), 0.0)  # the backward's row factors (1 at rows without weight)
+        tl.store(AR + (2 * bh) * TQ + offs_m, tl.exp2(half_gap), mask=offs_m < TQ)
+        tl.store(AR + (2 * bh + 1) * TQ + offs_m, tl.exp2(-half_gap), mask=offs_m < TQ)
         # O_D - O_U = d out / du: the backward's dL/du and E_D come from it (``_lean_preprocess_kernel``)
         store_tile(OD + b * so_b + h * so_h, (o_d - o_u).to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
@@ -253,7 +322,7 @@ def _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d, sdo_b
 
 @triton.jit
 def _lean_backward_kernel(
-    Q, K, V, C2, U, SEED, DO, R2, R2U, ED, EU, MU, DQ, DK, DV,
+    Q, K, V, C2, U, SEED, DO, R2, R2U, ER, AR, ED, EU, MU, DQ, DK, DV,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d, sdk_b, sdk_h, sdk_t, sdk_d,
     sdv_b, sdv_h, sdv_t, sdv_d,
@@ -305,27 +374,40 @@ def _lean_backward_kernel(
         dv *= u  # dv = u dv_D + (1 - u) dv_U: loop 2 adds the UNAS part
         tu = tl.zeros([BLOCK_N], tl.float32)  # sum_i of the UNAS part of ds
         one_minus_u = 1.0 - u
-        key_bias = tl.where(c2 < float("inf"), 0.0, float("-inf"))  # pi_U: padded keys left out
+        half_c2 = 0.5 * c2  # +inf at padded keys: e = 0 there
+        up_col, down_col = column_factors(c2)  # 0 at padded keys
 
-    # Loop 2: ds, dk += ds^T (Q - mu), dq += ds K (atomic).
+    # Loop 2: ds, dk += ds^T (Q - mu), dq += ds K (atomic). The programs start at different query blocks
+    # (program n at block n mod the count, then on around), so that the key blocks of a head do not add
+    # to the same dq rows at the same time.
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     u_g = u * scale
-    for start_m in range(0, m_end, BLOCK_M):
-        offs_m, r2, q, do, e_d = _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d,
+    n_m = tl.cdiv(m_end, BLOCK_M)
+    first = pid_n % tl.maximum(n_m, 1)
+    for it in range(0, n_m):
+        block = first + it
+        block = tl.where(block >= n_m, block - n_m, block)
+        offs_m, r2, q, do, e_d = _query_block(Q, DO, R2, ED, b, h, bh, block * BLOCK_M, sq_b, sq_h, sq_t, sq_d,
                                               sdo_b, sdo_h, sdo_t, sdo_d, TQ, D, offs_d, INT64, BLOCK_M)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
-        p = tl.exp2(s_t * LOG2E - c2[:, None] - r2[None, :])
+        # xi = pi_D e^r = pi_D 2^r2: 2^r2 from the forward (0 at padded rows), no exponential here
+        exp_r = tl.load(ER + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        if HYBRID:  # pi_D and pi_U from one exponential (hybrid_pair); rows past T_q: r2 = r2u = inf, e = 0
+            r2u = tl.load(R2U + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+            up_row = tl.load(AR + (2 * bh) * TQ + offs_m, mask=offs_m < TQ, other=1.0)
+            down_row = tl.load(AR + (2 * bh + 1) * TQ + offs_m, mask=offs_m < TQ, other=1.0)
+            e = tl.exp2(s_t * LOG2E - half_c2[:, None] - (0.5 * (r2u + r2))[None, :])
+            p_u, p = hybrid_pair(e, up_row[None, :], down_row[None, :], up_col[:, None], down_col[:, None])
+        else:
+            p = tl.exp2(s_t * LOG2E - c2[:, None] - r2[None, :])
         g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
         byte = 0
         if DROPOUT:
             byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N, True)
             g = dropped(g, byte, t_pair)  # G / scale
-        exp_r = tl.where(r2 < float("inf"), tl.exp2(r2), 0.0)  # xi = pi_D e^r; not 0 * inf at padded rows
         ds = p * (u_g * g - e_d[None, :] + dc[:, None] * exp_r[None, :])
         if HYBRID:
-            r2u = tl.load(R2U + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            p_u = tl.exp2(s_t * LOG2E + key_bias[:, None] - r2u[None, :])
             ds_u = p_u * (one_minus_u * scale * g - e_u[None, :])
             tu += tl.sum(ds_u, 1)
             ds += ds_u
@@ -353,14 +435,19 @@ def _lean_backward_kernel(
 
 
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
-    """Output, HNAS's O_D - O_U, c2, r2 (r2_u) and mu. ``seed`` is None without
-    dropout (the kernels then read no seed: c2 stands in for the pointer)."""
+    """Output, HNAS's O_D - O_U, c2, r2 (r2_u), mu, 2^r2 and HNAS's row factors
+    (``_lean_forward_kernel``). ``seed`` is None without dropout (the kernels
+    then read no seed: c2 stands in for the pointer, as for HNAS's buffers
+    under DNAS)."""
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
     c2 = torch.empty((bsz, heads, tk), **f32)
     mu = torch.empty((bsz, heads, d), **f32)
     r2 = torch.empty((bsz, heads, tq), **f32)
     r2u = torch.empty((bsz, heads, tq), **f32) if hybrid else r2
+    er = torch.empty((bsz, heads, tq), **f32)
+    ar = torch.empty((bsz, heads, 2, tq), **f32) if hybrid else r2  # row factors 2^(+-(r2u - r2) / 2)
+    cb = torch.empty((bsz, heads, 2, tk), **f32) if hybrid else c2  # column factors 2^(+-c2 / 2)
     out = output_buffer(q, v.dtype)
     # HNAS: O_D - O_U in float32 (rounded to half precision, dL/du = sum_i dO_i . (O_D - O_U)_i would lose
     # the float16 rounding of every term: 1e-2 of |dL/du| in the tests)
@@ -370,20 +457,21 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     with on_device(q):
         bm, bn, warps, stages = kernel_tile("lean_column", d, q.dtype)
         _lean_column_kernel[grid(tk, bn, bsz, heads)](
-            q, k, c2, mu, qpad_arg, kpad_arg, *strides(q), *strides(k), heads, tq, tk, d,
-            HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+            q, k, c2, cb, mu, qpad_arg, kpad_arg, *strides(q), *strides(k), heads, tq, tk, d,
+            HYBRID=hybrid, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
         bm, bn, warps, stages = kernel_tile("lean_forward_hnas" if hybrid else "lean_forward", d, q.dtype)
         _lean_forward_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c2, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, qpad_arg,
+            q, k, v, c2, cb, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, er, ar,
+            qpad_arg,
             *strides(q), *strides(k), *strides(v), *strides(out), heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
             num_stages=stages, **meta,
         )
-    return out, o_d, c2, r2, r2u, mu
+    return out, o_d, c2, r2, r2u, mu, er, ar
 
 
-def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu):
+def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar):
     """dq, dk, dv (in buffers of their inputs' layouts) and du."""
     bsz, heads, tq, d = q.shape
     tk = k.shape[2]
@@ -408,7 +496,7 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu):
         )
         bm, bn, warps, stages = kernel_tile("lean_backward_hnas" if hybrid else "lean_backward", d, q.dtype)
         _lean_backward_kernel[grid(tk, bn, bsz, heads)](
-            q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, e_d, e_u, mu, dq32, dk, dv,
+            q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, er, ar, e_d, e_u, mu, dq32, dk, dv,
             *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq32), *strides(dk), *strides(dv),
             heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, PRECISION=precision(q.dtype), INT64=int64,
@@ -426,16 +514,16 @@ class TritonLeanAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
         u32 = None if u is None else u.detach().float().contiguous()
-        out, o_d, c2, r2, r2u, mu = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
+        out, o_d, c2, r2, r2u, mu, er, ar = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
         ctx.p_drop = p_drop
         ctx.u_dtype = None if u is None else u.dtype
-        ctx.save_for_backward(q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu)
+        ctx.save_for_backward(q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar)
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu = ctx.saved_tensors
-        dq, dk, dv, du = _backward(do, q, k, v, u32, qpad, ctx.p_drop, seed, out, o_d, c2, r2, r2u, mu)
+        q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar = ctx.saved_tensors
+        dq, dk, dv, du = _backward(do, q, k, v, u32, qpad, ctx.p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar)
         du = None if du is None else du.to(ctx.u_dtype)
         return dq, dk, dv, du, None, None, None, None
 
