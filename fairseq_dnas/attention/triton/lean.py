@@ -24,8 +24,9 @@ Forward (2 launches)
        so that no torch operation computes it.
     2. ``_lean_forward_kernel`` (one program per query block): online softmax of
        L s - c2 over the key blocks (DNAS, row lse r2) and, for HNAS, of L s
-       (UNAS, r2_u); out = u O_D + (1 - u) O_U (step 5, Eq. 12), and for the
-       backward O_D - O_U in float32. Dropout as in long.py (``dropout.py``:
+       (UNAS, r2_u), HNAS's two from one exp2 a score (``column_factors``);
+       out = u O_D + (1 - u) O_U (step 5, Eq. 12), and for the
+       backward O_D - O_U in float32, 2^r2 and HNAS's row factor 2^(r2_u - r2). Dropout as in long.py (``dropout.py``:
        the mask of (seed, b H + h, i, j)).
 
 Backward (3 launches; dO the upstream gradient, Z' = Z / (1 - p),
@@ -43,8 +44,13 @@ G = Z' (dO V^T), E_D[i] = u dO_i . O_D,i, E_U[i] = dO_i . out_i - E_D[i])
            dk += ds^T (Q - mu), dq += ds K  (float32 atomic add)
            HNAS: dv += (1 - u) (Z pi_U)^T dO, and the UNAS part's column
            sum of ds for dk's mu term.
+         Loop 2 reads 2^r2 from the forward (ER) and, HNAS, takes pi_U and
+         pi_D from one exp2 with a factor per key and one per query
+         (``column_factors``); it starts each program at another query block
+         (program n at block n mod their count), so that the key blocks of a
+         head do not add to the same dq rows at once.
        Six matmuls per block pair (K Q^T and (Z P)^T dO; K Q^T, V dO^T, ds^T Q
-       and ds K), two exp2 for DNAS (one a loop); no dc buffer, no
+       and ds K), one exp2 a loop for DNAS and HNAS alike; no dc buffer, no
        query-major pass.
     2. dq to the input dtype (one torch copy; none for float32), and HNAS's
        dL/du summed over the queries and the batch (one torch sum).
@@ -90,8 +96,8 @@ def _lean_column_kernel(
     """c2[j] = L c[j] = log2 sum over real queries i of 2^(L s[i, j]) (+inf at
     padded keys and keys no real query sees), as ``column.py``'s pass in base
     2; the program of key block 0 also writes mu (B, H, D) float32, the mean
-    of the real queries (0 where there is none). HNAS: also CB (B, H, 2, T_k),
-    the column factors 2^(c2 / 2) and 2^(-c2 / 2) (``column_factors``)."""
+    of the real queries (0 where there is none). HNAS: also CB (B, H, 3, T_k),
+    the key terms w, f_U, f_D of ``column_factors``."""
     pid_n, bh, b, h = program(TK, H, BLOCK_N, INT64)
     offs_n = offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -111,9 +117,10 @@ def _lean_column_kernel(
     c2 = tl.where(ok, m + tl.log2(tl.where(ok, l, 1.0)), float("inf"))
     tl.store(C2 + bh * TK + offs_n, c2, mask=offs_n < TK)
     if HYBRID:
-        b_up, b_down = column_factors(c2)
-        tl.store(CB + (2 * bh) * TK + offs_n, b_up, mask=offs_n < TK)
-        tl.store(CB + (2 * bh + 1) * TK + offs_n, b_down, mask=offs_n < TK)
+        w, f_u, f_d = column_factors(c2)
+        tl.store(CB + (3 * bh) * TK + offs_n, w, mask=offs_n < TK)
+        tl.store(CB + (3 * bh + 1) * TK + offs_n, f_u, mask=offs_n < TK)
+        tl.store(CB + (3 * bh + 2) * TK + offs_n, f_d, mask=offs_n < TK)
     if pid_n == 0:  # this program's head: the mean real query, in a loop of its own (not in the one above)
         q_sum = tl.zeros([BLOCK_D], tl.float32)
         n_real = tl.zeros([BLOCK_M], tl.float32)
@@ -144,30 +151,19 @@ def _online_step2(m, l, acc, x, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISIO
 
 @triton.jit
 def column_factors(c2):
-    """HNAS's column factors 2^(c2 / 2) and 2^(-c2 / 2), 0 at padded keys
-    (c2 = +inf). With the row factors 2^(+-(r2u - r2) / 2) they turn one
-    exponential e = 2^(L s - c2 / 2 - (r2u + r2) / 2) into both
-    probabilities (``hybrid_pair``); halves, so that each factor holds the
-    square root of a ratio and stays within float32 where the whole would not."""
+    """HNAS's key terms (w, f_U, f_D) for one exponential a score: with
+    e = 2^(L s + w_j - m) for a row's m,
+        pi_U's term 2^(L s - m) = e f_U,   pi_D's 2^(L s - c2 - m) = e f_D,
+    w_j = max(0, -c2_j), f_U = 2^(-w_j) = 2^(min(c2_j, 0)), f_D = 2^(-max(c2_j, 0)):
+    both factors in (0, 1], so with m the row maximum of L s + w neither term
+    exceeds 1 (both go through half-precision matmuls) and each softmax's
+    largest term is at least 2^-(L max|s| + log2 T_k) (float32's range to
+    |s| of about 80). Padded keys (c2 = +inf): w = -inf (e = 0), factors 0."""
     ok = c2 < float("inf")
-    half = tl.where(ok, 0.5 * c2, 0.0)
-    return tl.where(ok, tl.exp2(half), 0.0), tl.where(ok, tl.exp2(-half), 0.0)
-
-
-@triton.jit
-def hybrid_pair(e, up_row, down_row, up_col, down_col):
-    """pi_U and pi_D from one exponential e = 2^(x - (g_j + h_i)), the midpoint
-    of the two log-probabilities (x = L s; UNAS: x - R_i, DNAS: x - 2 g_j - r_i
-    with g_j = c2_j / 2, 2 h_i = R_i + r_i):
-        pi_U = e 2^(g_j) 2^((r_i - R_i) / 2),   pi_D = e 2^(-g_j) 2^((R_i - r_i) / 2)
-    (up_col = 2^(g_j), down_col = 2^(-g_j), up_row = 2^((R_i - r_i) / 2),
-    down_row its inverse; tiles of any orientation, the factors broadcast).
-    e <= 1 (the mean of two log-probabilities <= 0), and where either
-    probability matters e is at least the square root of the other, so neither
-    underflows before the scores' spread reaches float32's half range
-    (about 87 in s); the factors multiply first: their product is the square
-    root of pi_D / pi_U (or its inverse)."""
-    return e * (up_col * down_row), e * (down_col * up_row)
+    w = tl.where(ok, tl.maximum(-c2, 0.0), float("-inf"))
+    f_u = tl.where(ok, tl.exp2(tl.minimum(c2, 0.0)), 0.0)
+    f_d = tl.where(ok, tl.exp2(-tl.maximum(c2, 0.0)), 0.0)
+    return w, f_u, f_d
 
 
 @triton.jit
@@ -183,14 +179,14 @@ def _lean_forward_kernel(
     softmax of L s - c2; HNAS, also the UNAS softmax of L s, and OD = O_D - O_U
     in float32 (with OUT's strides). Rows without weight (padded queries, no real key)
     get r2 = +inf and output 0. For the backward: ER = 2^r2 (0 at those rows)
-    and, HNAS, AR (B, H, 2, T_q) the row factors 2^(+-(r2u - r2) / 2) (1 there).
+    and, HNAS, AR the row factor 2^(r2u - r2) (1 there).
 
-    HNAS takes one exponential a score for both softmaxes (``hybrid_pair``):
-    with running maxima m_u of L s and m_d of L s - c2,
-    e = 2^(L s - c2 / 2 - (m_u + m_d) / 2) <= 1, pi_U's terms
-    e 2^(c2 / 2) 2^((m_d - m_u) / 2), pi_D's e 2^(-c2 / 2) 2^((m_u - m_d) / 2);
-    the column factors come from the column pass (CB), the row factors are
-    two exponentials a row."""
+    HNAS takes one exponential a score for both softmaxes (``column_factors``,
+    w and the factors from the column pass, CB): with the running maxima m_u
+    of L s and m_d of L s - c2, e = 2^(L s + w - m_u), UNAS's terms
+    e f_U = 2^(L s - m_u) and DNAS's e f_D 2^(m_u - m_d) = 2^(L s - c2 - m_d),
+    each softmax's largest term 1 (its half-precision matmul keeps full
+    precision), at the price of a row exponential a block."""
     pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
     offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -212,35 +208,36 @@ def _lean_forward_kernel(
         offs_n = offsets(start_n, BLOCK_N, INT64)
         k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
         v = load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
         byte = 0
         if DROPOUT:
             byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
-        if HYBRID:  # UNAS and DNAS from one exponential a score; padded keys (c2 = inf) left out
-            up_col = tl.load(CB + (2 * bh) * TK + offs_n, mask=offs_n < TK, other=0.0)
-            down_col = tl.load(CB + (2 * bh + 1) * TK + offs_n, mask=offs_n < TK, other=0.0)
-            x = s * LOG2E
-            m_u_new = tl.maximum(m_u, tl.max(x + tl.where(c2 < float("inf"), 0.0, float("-inf"))[None, :], 1))
-            m_d_new = tl.maximum(m_d, tl.max(x - c2[None, :], 1))
+        if HYBRID:  # UNAS and DNAS from one exponential a score (column_factors); padded keys: e = 0
+            c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+            w = tl.load(CB + (3 * bh) * TK + offs_n, mask=offs_n < TK, other=float("-inf"))
+            f_u = tl.load(CB + (3 * bh + 1) * TK + offs_n, mask=offs_n < TK, other=0.0)
+            f_d = tl.load(CB + (3 * bh + 2) * TK + offs_n, mask=offs_n < TK, other=0.0)
+            x_u = s * LOG2E + tl.where(c2 < float("inf"), 0.0, float("-inf"))[None, :]
+            m_u_new = tl.maximum(m_u, tl.max(x_u, 1))  # each softmax its own maximum: in half precision
+            m_new = tl.maximum(m_d, tl.max(s * LOG2E - c2[None, :], 1))  # both matmuls' largest term is 1
             alpha_u = tl.exp2(m_u - m_u_new)
-            alpha_d = tl.exp2(m_d - m_d_new)
-            half_gap = 0.5 * (m_u_new - m_d_new)  # (m_u - m_d) / 2: 0 while no real key was seen
-            e = tl.exp2(x - 0.5 * c2[None, :] - (0.5 * (m_u_new + m_d_new))[:, None])
-            p_u, p_d = hybrid_pair(e, tl.exp2(half_gap)[:, None], tl.exp2(-half_gap)[:, None], up_col[None, :],
-                                   down_col[None, :])
+            alpha = tl.exp2(m_d - m_new)
+            e = tl.exp2(x_u + w[None, :] - m_u_new[:, None])  # 2^(L s + w - m_u)
+            p_u = e * f_u[None, :]  # 2^(L s - m_u) <= 1: UNAS's terms
+            p_d = e * (f_d[None, :] * tl.exp2(m_u_new - m_new)[:, None])  # 2^(L s - c2 - m_d) <= 1: DNAS's
+            m_u = m_u_new
             l_u = l_u * alpha_u + tl.sum(p_u, 1)
-            l_d = l_d * alpha_d + tl.sum(p_d, 1)
+            l_d = l_d * alpha + tl.sum(p_d, 1)
             p_u = p_u.to(v.dtype)
             p_d = p_d.to(v.dtype)
             if DROPOUT:
                 p_u = dropped(p_u, byte, t_pair)
                 p_d = dropped(p_d, byte, t_pair)
             acc_u = acc_u * alpha_u[:, None] + tl.dot(p_u, v, input_precision=PRECISION)
-            acc_d = acc_d * alpha_d[:, None] + tl.dot(p_d, v, input_precision=PRECISION)
-            m_u = m_u_new
-            m_d = m_d_new
+            acc_d = acc_d * alpha[:, None] + tl.dot(p_d, v, input_precision=PRECISION)
+            m_d = m_new
         else:
+            c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
             m_d, l_d, acc_d = _online_step2(m_d, l_d, acc_d, s * LOG2E - c2[None, :], v, byte, t_pair, DROPOUT,
                                             PRECISION)
     ok_d = real_q & (l_d > 0)
@@ -256,10 +253,8 @@ def _lean_forward_kernel(
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
         r2u = m_u + tl.log2(l_u)
         tl.store(R2U + bh * TQ + offs_m, tl.where(ok_u, r2u, float("inf")), mask=offs_m < TQ)
-        ok = ok_u & ok_d
-        half_gap = tl.where(ok, 0.5 * (r2u - r2), 0.0)  # the backward's row factors (1 at rows without weight)
-        tl.store(AR + (2 * bh) * TQ + offs_m, tl.exp2(half_gap), mask=offs_m < TQ)
-        tl.store(AR + (2 * bh + 1) * TQ + offs_m, tl.exp2(-half_gap), mask=offs_m < TQ)
+        ok = ok_u & ok_d  # the backward's row factor 2^(r2u - r2) (1 at rows without weight)
+        tl.store(AR + bh * TQ + offs_m, tl.exp2(tl.where(ok, r2u - r2, 0.0)), mask=offs_m < TQ)
         # O_D - O_U = d out / du: the backward's dL/du and E_D come from it (``_lean_preprocess_kernel``)
         store_tile(OD + b * so_b + h * so_h, (o_d - o_u).to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
@@ -352,9 +347,9 @@ def _lean_backward_kernel(
         u = 1.0
     seed, scale, t_pair = dropout_setup(SEED, drop_threshold, DROPOUT)
     start_n = pid_n * BLOCK_N
-    m_end = TQ
-    if DROPOUT:  # at least one pass (as the forward): no wgmma serialized by ptxas
-        m_end = tl.maximum(TQ, 1)
+    # at least one pass (adding 0 for T_q = 0): no path that skips a loop, where ptxas would serialize
+    # every wgmma (as the forward with dropout)
+    m_end = tl.maximum(TQ, 1)
 
     # Loop 1: dv_D = sum_i Z pi_D[i, j] dO_i (times scale after it), pe[j] = sum_i pi_D[i, j] E_D[i].
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -374,8 +369,7 @@ def _lean_backward_kernel(
         dv *= u  # dv = u dv_D + (1 - u) dv_U: loop 2 adds the UNAS part
         tu = tl.zeros([BLOCK_N], tl.float32)  # sum_i of the UNAS part of ds
         one_minus_u = 1.0 - u
-        half_c2 = 0.5 * c2  # +inf at padded keys: e = 0 there
-        up_col, down_col = column_factors(c2)  # 0 at padded keys
+        w, f_u, f_d = column_factors(c2)  # w = -inf at padded keys: e = 0 there
 
     # Loop 2: ds, dk += ds^T (Q - mu), dq += ds K (atomic). The programs start at different query blocks
     # (program n at block n mod the count, then on around), so that the key blocks of a head do not add
@@ -392,13 +386,13 @@ def _lean_backward_kernel(
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
         # xi = pi_D e^r = pi_D 2^r2: 2^r2 from the forward (0 at padded rows), no exponential here
         exp_r = tl.load(ER + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        if HYBRID:  # pi_D and pi_U from one exponential (hybrid_pair); rows past T_q: r2 = r2u = inf, e = 0
+        if HYBRID:  # pi_U and pi_D from one exponential (column_factors with m = r2u; rows past T_q: e = 0)
             r2u = tl.load(R2U + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
             e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            up_row = tl.load(AR + (2 * bh) * TQ + offs_m, mask=offs_m < TQ, other=1.0)
-            down_row = tl.load(AR + (2 * bh + 1) * TQ + offs_m, mask=offs_m < TQ, other=1.0)
-            e = tl.exp2(s_t * LOG2E - half_c2[:, None] - (0.5 * (r2u + r2))[None, :])
-            p_u, p = hybrid_pair(e, up_row[None, :], down_row[None, :], up_col[:, None], down_col[:, None])
+            a_row = tl.load(AR + bh * TQ + offs_m, mask=offs_m < TQ, other=1.0)  # 2^(r2u - r2)
+            e = tl.exp2(s_t * LOG2E + w[:, None] - r2u[None, :])
+            p_u = e * f_u[:, None]  # 2^(L s - r2u)
+            p = e * (f_d[:, None] * a_row[None, :])  # 2^(L s - c2 - r2)
         else:
             p = tl.exp2(s_t * LOG2E - c2[:, None] - r2[None, :])
         g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
@@ -446,8 +440,8 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     r2 = torch.empty((bsz, heads, tq), **f32)
     r2u = torch.empty((bsz, heads, tq), **f32) if hybrid else r2
     er = torch.empty((bsz, heads, tq), **f32)
-    ar = torch.empty((bsz, heads, 2, tq), **f32) if hybrid else r2  # row factors 2^(+-(r2u - r2) / 2)
-    cb = torch.empty((bsz, heads, 2, tk), **f32) if hybrid else c2  # column factors 2^(+-c2 / 2)
+    ar = torch.empty((bsz, heads, tq), **f32) if hybrid else r2  # row factors 2^(r2u - r2)
+    cb = torch.empty((bsz, heads, 3, tk), **f32) if hybrid else c2  # key terms w, f_U, f_D (column_factors)
     out = output_buffer(q, v.dtype)
     # HNAS: O_D - O_U in float32 (rounded to half precision, dL/du = sum_i dO_i . (O_D - O_U)_i would lose
     # the float16 rounding of every term: 1e-2 of |dL/du| in the tests)
