@@ -46,10 +46,14 @@ instructions come from.
     python benchmarks/triton_spills.py --compare before.json after.json   # two --json runs side by side
     python benchmarks/triton_spills.py --short 0 --lean 1 --sinkhorn 1 --json lean.json   # the lean kernels
     python benchmarks/triton_spills.py --sets long.json lean.json       # instructions a score, set by set
+    python benchmarks/triton_spills.py --cases fp16:64 --lean-candidates benchmarks/lean_tile_candidates.json
+                                        # the lean tile candidates without spills (triton_tiles.py --lean times them)
 
-Under another Triton (e.g. 3.6, torch 2.11's) put its package first on the
-path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
-``PYTHONPATH=/tmp/triton36:$PWD python benchmarks/triton_spills.py``.
+Under another Triton (e.g. 3.6, torch 2.11's: the newest GPU record's) put
+its package first on the path: ``pip install --no-deps --target .triton36
+triton==3.6.0`` and ``PYTHONPATH=$PWD/.triton36:$PWD python
+benchmarks/triton_spills.py``; every run prints the version and --json
+stores it.
 
 Prints one line per compiled specialization (kernel, tile, flags), then
 "compiled N variants, ..."; exits 1 if a variant spills more than --max-stack

@@ -265,3 +265,24 @@ def test_lean_candidates_include_the_occupancy_tiles():
         assert any(m * n <= 64 * 64 for m, n, _, _ in tiles), entry  # small enough for two blocks an SM
         assert all(m >= 16 and n >= 16 and w in (4, 8) and 1 <= s <= 4 for m, n, w, s in tiles)
     assert any(n == 128 for _, n, _, _ in cands["lean_column"])
+
+
+def test_committed_lean_candidates_were_pruned_under_the_gpu_records_triton():
+    """benchmarks/lean_tile_candidates.json (what triton_tiles.py --lean times by
+    default) was written under the Triton version of the newest GPU record of
+    the lean kernels, from tiles.LEAN_CANDIDATES, with a survivor for every
+    lean entry and the current tile among them."""
+    import re
+    record = open(os.path.join(ROOT, "docs", "results", "2026-11-28-h200-lean-kernels.md")).read()
+    gpu_triton = re.search(r"Triton (\d+\.\d+\.\d+)", record).group(1)
+    with open(os.path.join(ROOT, "benchmarks", "lean_tile_candidates.json")) as f:
+        data = json.load(f)
+    assert data["triton"] == gpu_triton and data["case"] == "fp16:64"
+    assert set(data["candidates"]) == set(tile_table.LEAN_CANDIDATES)
+    for entry, kept in data["candidates"].items():
+        assert kept and all(tuple(t) in tile_table.LEAN_CANDIDATES[entry] for t in kept), entry
+        current = tile_table.GPU_TILES["half", 64][entry]
+        assert [*current, tile_table.STAGES][:4] in kept, entry  # today's tile competes
+    pruned = {(p["entry"], tuple(p["tile"])) for p in data["pruned"]}
+    kept = {(e, tuple(t)) for e, ts in data["candidates"].items() for t in ts}
+    assert pruned | kept == {(e, t) for e, ts in tile_table.LEAN_CANDIDATES.items() for t in ts}

@@ -42,7 +42,9 @@ MAX_HEAD_DIM = 128
 # sequences span several blocks and ragged tails.
 # lean_*: the lean kernels (triton/lean.py), untimed: chosen by the same rule
 # from benchmarks/triton_spills.py --lean 1 under Triton 3.9, the largest
-# tile by fewest instructions a score (docs/results/2026-11-28-sm90-compiler-lean.md);
+# tile by fewest instructions a score (docs/results/2026-11-28-sm90-compiler-lean.md),
+# until a GPU record of benchmarks/triton_tiles.py --lean names its winners
+# (LEAN_TILES_RECORD, below);
 # HNAS's forward and backward have entries of their own (*_hnas), since their
 # second accumulator takes the registers DNAS's larger tiles need.
 GPU_TILES = {
