@@ -438,7 +438,7 @@ def test_read_lean_table_says_what_to_fix(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile and run the kernels")
-@pytest.mark.full  # compiles 22 variants (a few minutes on 2 cores)
+@pytest.mark.full  # compiles 24 variants (a few minutes on 2 cores)
 def test_lean_kernels_compile_for_sm90_within_the_tile_rule():
     """The lean kernels compiled for an H100 as the JIT specializes a real call
     (benchmarks/triton_spills.py --lean 1): every variant of fp16 at head
@@ -450,9 +450,10 @@ def test_lean_kernels_compile_for_sm90_within_the_tile_rule():
     lean = ("--short", "0", "--lean", "1", "--sinkhorn", "1")
     seen, summary = _compile("fp16:64", *lean, "--max-stack", "0")
     assert {kernel for _, kernel, _ in seen} == {"lean_column", "lean_forward", "lean_preprocess", "lean_backward"}
-    assert len(seen) == 11 and "0 with a stack" in summary and "0 with wgmma serialized" in summary, summary
+    # 12 variants: the column pass twice (HNAS's also writes the key terms of its one exp2 a score)
+    assert len(seen) == 12 and "0 with a stack" in summary and "0 with wgmma serialized" in summary, summary
     seen, summary = _compile("bf16:128", *lean)
-    assert len(seen) == 11 and "0 with wgmma serialized" in summary, summary
+    assert len(seen) == 12 and "0 with wgmma serialized" in summary, summary
 
 
 def test_gpu_lean_never_chooses_an_inexact_lean_set():
