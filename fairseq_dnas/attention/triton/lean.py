@@ -155,10 +155,13 @@ def column_factors(c2):
     e = 2^(L s + w_j - m) for a row's m,
         pi_U's term 2^(L s - m) = e f_U,   pi_D's 2^(L s - c2 - m) = e f_D,
     w_j = max(0, -c2_j), f_U = 2^(-w_j) = 2^(min(c2_j, 0)), f_D = 2^(-max(c2_j, 0)):
-    both factors in (0, 1], so with m the row maximum of L s + w neither term
-    exceeds 1 (both go through half-precision matmuls) and each softmax's
-    largest term is at least 2^-(L max|s| + log2 T_k) (float32's range to
-    |s| of about 80). Padded keys (c2 = +inf): w = -inf (e = 0), factors 0."""
+    both factors in (0, 1]. The forward takes m = m_u (the row maximum of
+    L s) and scales DNAS's terms by 2^(m_u - m_d), so that each softmax's
+    largest term is 1; the backward takes m = r2u and scales by the row
+    factor 2^(r2u - r2). Where either probability is not negligible, e, the
+    factors and the row factor stay within 2^+-(L max|s| + 2 log2 T_k): float32's
+    range holds for |s| up to about 80. Padded keys (c2 = +inf): w = -inf
+    (e = 0), factors 0."""
     ok = c2 < float("inf")
     w = tl.where(ok, tl.maximum(-c2, 0.0), float("-inf"))
     f_u = tl.where(ok, tl.exp2(tl.minimum(c2, 0.0)), 0.0)
@@ -186,7 +189,7 @@ def _lean_forward_kernel(
     of L s and m_d of L s - c2, e = 2^(L s + w - m_u), UNAS's terms
     e f_U = 2^(L s - m_u) and DNAS's e f_D 2^(m_u - m_d) = 2^(L s - c2 - m_d),
     each softmax's largest term 1 (its half-precision matmul keeps full
-    precision), at the price of a row exponential a block."""
+    precision), at the price of one more row exponential a block (2^(m_u - m_d))."""
     pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
     offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
