@@ -147,7 +147,8 @@ def parse_args(argv):
         if args.kernels is not None:
             unknown = set(args.kernels.split(",")) - set(args.lean_candidates)
             if unknown:
-                p.error(f"unknown --kernels {sorted(unknown)} with --lean; choose from {', '.join(args.lean_candidates)}")
+                p.error(f"unknown --kernels {sorted(unknown)} with --lean; "
+                        f"choose from {', '.join(args.lean_candidates)}")
     if args.deadline_s is not None and args.deadline_s <= 0:
         p.error("--deadline-s must be > 0")
     if args.tokens < max(args.lengths):
