@@ -46,10 +46,14 @@ instructions come from.
     python benchmarks/triton_spills.py --compare before.json after.json   # two --json runs side by side
     python benchmarks/triton_spills.py --short 0 --lean 1 --sinkhorn 1 --json lean.json   # the lean kernels
     python benchmarks/triton_spills.py --sets long.json lean.json       # instructions a score, set by set
+    python benchmarks/triton_spills.py --cases fp16:64 --lean-candidates benchmarks/lean_tile_candidates.json
+                                        # the lean tile candidates without spills (triton_tiles.py --lean times them)
 
-Under another Triton (e.g. 3.6, torch 2.11's) put its package first on the
-path: ``pip install --no-deps --target /tmp/triton36 triton==3.6.0`` and
-``PYTHONPATH=/tmp/triton36:$PWD python benchmarks/triton_spills.py``.
+Under another Triton (e.g. 3.6, torch 2.11's: the newest GPU record's) put
+its package first on the path: ``pip install --no-deps --target .triton36
+triton==3.6.0`` and ``PYTHONPATH=$PWD/.triton36:$PWD python
+benchmarks/triton_spills.py``; every run prints the version and --json
+stores it.
 
 Prints one line per compiled specialization (kernel, tile, flags), then
 "compiled N variants, ..."; exits 1 if a variant spills more than --max-stack
@@ -429,6 +433,53 @@ def compare_table(before, after):
     return "\n".join(out)
 
 
+# Each lean entry of GPU_TILES: the kernel that runs it and its variants (--kernels, --where).
+LEAN_ENTRIES = {"lean_column": ("lean_column", None), "lean_forward": ("lean_forward", "HYBRID=0"),
+                "lean_forward_hnas": ("lean_forward", "HYBRID=1"), "lean_backward": ("lean_backward", "HYBRID=0"),
+                "lean_backward_hnas": ("lean_backward", "HYBRID=1")}
+
+
+def prune_lean_candidates(case, out):
+    """Compile each candidate of ``F.LEAN_CANDIDATES`` (every variant that runs
+    its tile, dropout 0 and 0.1) and keep those whose every variant compiles
+    without a stack (register spills); write {"triton", "case", "candidates":
+    {entry: [[BLOCK_M, BLOCK_N, warps, stages], ...]}, "pruned": [...]} to
+    ``out``. The compiler only prunes: the GPU's clock chooses among the
+    survivors (benchmarks/triton_tiles.py --lean)."""
+    label_case = f"{case[0]}:{case[1]}"
+    kept, pruned = {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for entry, tiles in F.LEAN_CANDIDATES.items():
+            kernel, where = LEAN_ENTRIES[entry]
+            for tile in tiles:
+                rows_path = Path(tmp) / "rows.json"
+                argv = ["--cases", label_case, "--short", "0", "--lean", "1", "--sinkhorn", "1", "--kernels", kernel,
+                        "--tiles", f"{entry}={','.join(map(str, tile))}", "--max-stack", "100000",
+                        "--max-shared", "10000000", "--json", str(rows_path)] + (["--where", where] if where else [])
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        main(argv)
+                    rows = json.loads(rows_path.read_text())["rows"]
+                except Exception as e:  # noqa: BLE001 - a tile the compiler refuses (shared memory, layout)
+                    rows, why = [], f"does not compile ({type(e).__name__})"
+                if rows and max(r["stack"] for r in rows) == 0:
+                    kept.setdefault(entry, []).append(list(tile))
+                    why = "kept"
+                elif rows:
+                    why = f"spills {max(r['stack'] for r in rows)} bytes"
+                    pruned.append(dict(entry=entry, tile=list(tile), why=why))
+                else:
+                    pruned.append(dict(entry=entry, tile=list(tile), why=why))
+                extra = f", {max(r['registers'] for r in rows)} registers, {max(r['shared'] for r in rows)} bytes " \
+                        "shared" if rows else ""
+                print(f"{label_case} {entry} {'%dx%d/%dw/%ds' % tuple(tile)}: {why}{extra}", flush=True)
+    Path(out).write_text(json.dumps(dict(triton=triton.__version__, case=label_case, candidates=kept,
+                                         pruned=pruned), indent=1) + "\n")
+    print(f"kept {sum(map(len, kept.values()))} of {sum(map(len, F.LEAN_CANDIDATES.values()))} candidates "
+          f"(Triton {triton.__version__}); wrote {out}")
+    return 0 if all(entry in kept for entry in F.LEAN_CANDIDATES) else 1
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
@@ -467,6 +518,10 @@ def main(argv=None):
                         "what a block may use on sm_86/sm_89 GPUs)")
     p.add_argument("--max-dropout-ratio", type=float, metavar="X",
                    help="exit 1 if a kernel's loop with dropout has more than X times its instructions without")
+    p.add_argument("--lean-candidates", metavar="OUT.json",
+                   help="compile every candidate tile of tiles.LEAN_CANDIDATES (the lean kernels, the first "
+                        "case of --cases, dropout 0 and 0.1) and write those without register spills to "
+                        "OUT.json: what benchmarks/triton_tiles.py --lean times on a GPU")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
                    help="only print the side-by-side table of two --json runs")
     args = p.parse_args(argv)
@@ -477,6 +532,8 @@ def main(argv=None):
     if args.sets:
         print(sets_table([row for path in args.sets for row in json.loads(Path(path).read_text())["rows"]]))
         return 0
+    if args.lean_candidates:
+        return prune_lean_candidates(args.cases[0], args.lean_candidates)
     if args.sinkhorn < 1 or args.length < 2 or args.batch < 2 or args.hidden < 16:
         p.error("--sinkhorn >= 1, --length >= 2, --batch >= 2 (1 would become a constant) and --hidden >= 16")
     args.tiles = dict(args.tiles)

@@ -30,6 +30,22 @@ The tiles are those of the long kernels (``attention/triton/long.py``,
 run directly at every length); the one-tile kernels of short inputs have
 no tiles to tune.
 
+--lean times the lean kernels' entries instead (``attention/triton/lean.py``:
+lean_column, lean_forward, lean_forward_hnas, lean_backward,
+lean_backward_hnas), each on the workloads that run it (DNAS's entries on
+DNAS, HNAS's on HNAS, the column pass on both; dropout 0), over the
+candidates that the compiler left (``--candidates``: what
+``benchmarks/triton_spills.py --lean-candidates`` wrote on CPU, under the
+Triton version of the GPU record; the committed file by default), stages
+included in each candidate. --deadline-s stops starting new kernels when
+the time is spent and writes what was measured (the rest listed as
+"unfinished"). The one command of a GPU session:
+
+    python benchmarks/triton_tiles.py --lean --json OUT/lean_tiles.json --deadline-s 90
+
+Its winners become ``GPU_TILES``' lean_* entries through a dated record
+(``tiles.LEAN_TILES_RECORD``), as ``selection.LEAN_CHOSEN`` does.
+
 Without CUDA it runs under Triton's interpreter (TRITON_INTERPRET=1, CPU
 tensors): the timings then mean nothing; tests use it to check the script.
 Exit status 0 on success, 1 if no candidate of a kernel ran, 2 for bad arguments.
@@ -64,6 +80,8 @@ CANDIDATES = {
     "sinkhorn_ds": [(64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)],
 }
 STAGE_CANDIDATES = (1, 2, 3, 4)
+LEAN_CANDIDATES_FILE = Path(__file__).with_name("lean_tile_candidates.json")
+LEAN_LENGTHS = [1024, 4096]
 FORWARD_KERNELS = ("column", "forward")
 SINKHORN_KERNELS = ("sinkhorn_reduce", "sinkhorn_ds")
 
@@ -109,14 +127,37 @@ def parse_args(argv):
     p.add_argument("--kernels", default=None,
                    help=f"comma-separated subset of {','.join(CANDIDATES)} (default: all that apply)")
     p.add_argument("--json", required=True, help="where to write the tiles (FAIRSEQ_DNAS_TRITON_TILES reads it)")
+    p.add_argument("--lean", action="store_true",
+                   help="time the lean kernels' candidates (lengths 1024,4096 unless --lengths says)")
+    p.add_argument("--candidates", default=str(LEAN_CANDIDATES_FILE),
+                   help="with --lean: the candidates file of benchmarks/triton_spills.py --lean-candidates "
+                        f"(default {LEAN_CANDIDATES_FILE.name}, beside this script)")
+    p.add_argument("--deadline-s", type=float, default=None, metavar="N",
+                   help="start no new kernel after N seconds; write what was measured (default: none)")
     args = p.parse_args(argv)
+    if args.lean:
+        if "--lengths" not in " ".join(argv if argv is not None else sys.argv[1:]):
+            args.lengths = list(LEAN_LENGTHS)
+        try:
+            args.lean_file = json.loads(Path(args.candidates).read_text())
+            args.lean_candidates = {k: [tuple(t) for t in v] for k, v in args.lean_file["candidates"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            p.error(f"--candidates {args.candidates}: cannot read its candidates ({e}); write it with "
+                    "python benchmarks/triton_spills.py --cases fp16:64 --lean-candidates FILE")
+        if args.kernels is not None:
+            unknown = set(args.kernels.split(",")) - set(args.lean_candidates)
+            if unknown:
+                p.error(f"unknown --kernels {sorted(unknown)} with --lean; "
+                        f"choose from {', '.join(args.lean_candidates)}")
+    if args.deadline_s is not None and args.deadline_s <= 0:
+        p.error("--deadline-s must be > 0")
     if args.tokens < max(args.lengths):
         p.error(f"--tokens {args.tokens} is less than the longest length {max(args.lengths)}")
     if any(args.hidden % head for _, head in args.cases):
         p.error(f"--hidden {args.hidden} is not a multiple of every head size in --cases")
     if args.rounds < 1 or args.sinkhorn < 1 or args.min_gain < 0:
         p.error("--rounds and --sinkhorn must be >= 1 and --min-gain >= 0")
-    if args.kernels is not None:
+    if args.kernels is not None and not args.lean:
         unknown = set(args.kernels.split(",")) - set(CANDIDATES)
         if unknown:
             p.error(f"unknown --kernels {sorted(unknown)}; choose from {', '.join(CANDIDATES)}")
@@ -154,8 +195,25 @@ def workloads(args, dtype, head, device):
                 yield name, (q, k, v, u, pad, pad, p_drop, seed, args.sinkhorn)
 
 
+def lean_workloads(args, dtype, head, device, kernel):
+    """The workloads of ``workloads`` that run a lean entry: its scheme, dropout 0."""
+    for name, inputs in workloads(args, dtype, head, device):
+        hybrid = inputs[3] is not None
+        if inputs[6] == 0.0 and (kernel == "lean_column" or hybrid == kernel.endswith("_hnas")):
+            yield name, inputs
+
+
 def runner(kernel, inputs):
     """A call that runs the pass containing ``kernel`` and returns its results."""
+    if kernel.startswith("lean_"):
+        from fairseq_dnas.attention.triton import lean
+        lean_inputs = inputs[:8]
+        if kernel in ("lean_column", "lean_forward", "lean_forward_hnas"):
+            return lambda: lean._forward(*lean_inputs)[:1]
+        q, k, v, u, kpad, qpad, p_drop, seed = lean_inputs
+        saved = lean._forward(*lean_inputs)
+        do = torch.randn_like(saved[0])
+        return lambda: lean._backward(do, q, k, v, u, qpad, p_drop, seed, *saved)[:3]
     if kernel in FORWARD_KERNELS:
         return lambda: F._forward(*inputs)[:2]
     q, k, v, u, kpad, qpad, p_drop, seed, n = inputs
@@ -260,29 +318,70 @@ def tune_case(args, dtype_name, head, device, kernels):
     return report
 
 
+def tune_lean(args, dtype_name, head, device, kernels, start):
+    """Time each lean entry's candidates (stages included) on its workloads;
+    entries not started before the deadline are returned as unfinished."""
+    dtype = DTYPES[dtype_name]
+    table = tile_table(dtype, head)
+    report, unfinished = {}, []
+    for kernel in kernels:
+        if args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
+            unfinished.append(kernel)
+            continue
+        log(f"{dtype_name} d={head} {kernel} (lean)")
+        current = current_tile(kernel, head, dtype)
+        table[kernel] = current
+        measured = dict(previous=list(current), steps=[])
+        # under the interpreter the GPU candidates are too large to run: the interpreter's tile with 1-2 stages
+        pool = [(16, 16, 1, 1)] if C.INTERPRETED else args.lean_candidates.get(kernel, [])
+        tiles = [current] + [t for t in pool if t != current]
+        best = pick(args, kernel, table, tiles, list(lean_workloads(args, dtype, head, device, kernel)), device,
+                    measured)
+        report[kernel] = dict(tile=list(best), **measured)
+    return report, unfinished
+
+
 def main(argv=None):
+    start = time.perf_counter()
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not C.INTERPRETED:
         sys.exit("triton_tiles.py: no CUDA device; on CPU set TRITON_INTERPRET=1 (the timings then mean nothing)")
     kernels = [k for k in CANDIDATES if args.sinkhorn > 1 or k not in SINKHORN_KERNELS]
+    if args.lean:
+        kernels = list(args.lean_candidates)
     if args.kernels is not None:
         kernels = [k for k in kernels if k in args.kernels.split(",")]
     where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
     log(f"{where}, torch {torch.__version__}, triton {triton.__version__}; kernels: {', '.join(kernels)}")
     result = dict(device=where, torch=torch.__version__, triton=triton.__version__,
                   settings=dict(lengths=args.lengths, tokens=args.tokens, rounds=args.rounds,
-                                sinkhorn=args.sinkhorn, min_gain=args.min_gain),
+                                sinkhorn=args.sinkhorn, min_gain=args.min_gain, lean=args.lean,
+                                deadline_s=args.deadline_s),
                   tiles={}, measured={})
+    if args.lean:
+        result["candidates"] = dict(file=args.candidates, triton=args.lean_file.get("triton"),
+                                    case=args.lean_file.get("case"))
+        if args.lean_file.get("triton") != triton.__version__:
+            log(f"note: the candidates were pruned under Triton {args.lean_file.get('triton')}, "
+                f"this is Triton {triton.__version__}")
+        result["unfinished"] = []
     for dtype_name, head in args.cases:
         key = "%s:%d" % C.tile_case(head, DTYPES[dtype_name])
-        result["measured"][f"{dtype_name}:{head}"] = report = tune_case(args, dtype_name, head, device, kernels)
+        if args.lean:
+            report, unfinished = tune_lean(args, dtype_name, head, device, kernels, start)
+            result["unfinished"] += [f"{dtype_name}:{head} {k}" for k in unfinished]
+        else:
+            report = tune_case(args, dtype_name, head, device, kernels)
+        result["measured"][f"{dtype_name}:{head}"] = report
         result["tiles"].setdefault(key, {}).update({k: r["tile"] for k, r in report.items()})
     tmp = Path(args.json).with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, args.json)
     for key, entry in result["tiles"].items():
         print(f"{key}: {json.dumps(entry)}")
+    if result.get("unfinished"):
+        log(f"deadline: not timed: {', '.join(result['unfinished'])}")
     log(f"wrote {args.json}; use it with {C.TILES_ENV}={args.json}")
     return 0
 

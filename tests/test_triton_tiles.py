@@ -199,3 +199,90 @@ def test_a_bad_tiles_file_stops_the_import(tmp_path):
                env=dict(TRITON_INTERPRET="0", FAIRSEQ_DNAS_TRITON_TILES=str(path)))
     assert res.returncode != 0 and "FAIRSEQ_DNAS_TRITON_TILES=" in res.stderr
     assert "[64, 32] is not [BLOCK_M, BLOCK_N, warps(, stages)]" in res.stderr
+
+
+# --- the lean kernels' sweep (--lean): the compiler's survivors, timed; a deadline --------------------------
+
+
+def _lean_candidates_file(tmp_path):
+    path = tmp_path / "candidates.json"
+    path.write_text(json.dumps(dict(triton="3.6.0", case="fp16:64", pruned=[],
+                                    candidates={"lean_column": [[128, 64, 4, 2]],
+                                                "lean_backward_hnas": [[32, 128, 8, 2]]})))
+    return path
+
+
+@pytest.mark.full  # two kernels tuned under the interpreter (about 25 s on 2 loaded cores)
+def test_lean_sweep_times_the_survivors_and_writes_a_tiles_file(tmp_path):
+    """--lean times each entry of the candidates file on the workloads that run it
+    (under the interpreter: the interpreter's tile and one other stage count)
+    and writes a file FAIRSEQ_DNAS_TRITON_TILES reads, with the candidates'
+    Triton version beside this one's."""
+    res, out = _tune(tmp_path, "--lean", "--candidates", str(_lean_candidates_file(tmp_path)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["candidates"]["triton"] == "3.6.0" and data["unfinished"] == []
+    assert set(data["tiles"]["float32:64"]) == {"lean_column", "lean_backward_hnas"}
+    column, backward = (data["measured"]["fp32:32"][k]["steps"][0] for k in ("lean_column", "lean_backward_hnas"))
+    assert len(column["median_seconds"]) == 2  # DNAS and HNAS at dropout 0
+    assert len(backward["median_seconds"]) == 1  # HNAS only
+    assert len(backward["relative_time"]) == 2
+    assert tile_table.read_tiles(str(out))["float32", 64]["lean_backward_hnas"] == tuple(
+        data["tiles"]["float32:64"]["lean_backward_hnas"])
+
+
+def test_lean_sweep_deadline_and_bad_arguments(tmp_path, capsys):
+    """Past --deadline-s no kernel starts (the file lists them as unfinished);
+    a missing candidates file or an unknown lean kernel is a one-line error."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import triton_tiles
+    finally:
+        sys.path.pop(0)
+    args = triton_tiles.parse_args(["--lean", "--candidates", str(_lean_candidates_file(tmp_path)),
+                                    "--json", "x.json", "--deadline-s", "5"])
+    assert args.lengths == triton_tiles.LEAN_LENGTHS and args.deadline_s == 5
+    report, unfinished = triton_tiles.tune_lean(args, "fp16", 64, torch.device("cpu"),
+                                                list(args.lean_candidates), start=-1e9)
+    assert report == {} and unfinished == ["lean_column", "lean_backward_hnas"]
+    for argv, message in [(["--candidates", str(tmp_path / "none.json")], "cannot read its candidates"),
+                          (["--candidates", str(_lean_candidates_file(tmp_path)), "--kernels", "forward"],
+                           "unknown --kernels"),
+                          (["--candidates", str(_lean_candidates_file(tmp_path)), "--deadline-s", "0"],
+                           "--deadline-s must be > 0")]:
+        with pytest.raises(SystemExit) as e:
+            triton_tiles.parse_args(["--lean", "--json", "x.json", *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_lean_candidates_include_the_occupancy_tiles():
+    """The sweep's candidates: 4 warps, 3 stages and tiles for two blocks an SM
+    in every lean entry, a 128-key column pass; each a valid tile."""
+    cands = tile_table.LEAN_CANDIDATES
+    assert set(cands) == {k for k in tile_table.GPU_TILES["half", 64] if k.startswith("lean_")}
+    for entry, tiles in cands.items():
+        assert any(w == 4 for _, _, w, _ in tiles) and any(s == 3 for *_, s in tiles), entry
+        assert any(m * n <= 64 * 64 for m, n, _, _ in tiles), entry  # small enough for two blocks an SM
+        assert all(m >= 16 and n >= 16 and w in (4, 8) and 1 <= s <= 4 for m, n, w, s in tiles)
+    assert any(n == 128 for _, n, _, _ in cands["lean_column"])
+
+
+def test_committed_lean_candidates_were_pruned_under_the_gpu_records_triton():
+    """benchmarks/lean_tile_candidates.json (what triton_tiles.py --lean times by
+    default) was written under the Triton version of the newest GPU record of
+    the lean kernels, from tiles.LEAN_CANDIDATES, with a survivor for every
+    lean entry and the current tile among them."""
+    import re
+    record = open(os.path.join(ROOT, "docs", "results", "2026-11-28-h200-lean-kernels.md")).read()
+    gpu_triton = re.search(r"Triton (\d+\.\d+\.\d+)", record).group(1)
+    with open(os.path.join(ROOT, "benchmarks", "lean_tile_candidates.json")) as f:
+        data = json.load(f)
+    assert data["triton"] == gpu_triton and data["case"] == "fp16:64"
+    assert set(data["candidates"]) == set(tile_table.LEAN_CANDIDATES)
+    for entry, kept in data["candidates"].items():
+        assert kept and all(tuple(t) in tile_table.LEAN_CANDIDATES[entry] for t in kept), entry
+        current = tile_table.GPU_TILES["half", 64][entry]
+        assert [*current, tile_table.STAGES][:4] in kept, entry  # today's tile competes
+    pruned = {(p["entry"], tuple(p["tile"])) for p in data["pruned"]}
+    kept = {(e, tuple(t)) for e, ts in data["candidates"].items() for t in ts}
+    assert pruned | kept == {(e, t) for e, ts in tile_table.LEAN_CANDIDATES.items() for t in ts}

@@ -24,8 +24,9 @@ Forward (2 launches)
        so that no torch operation computes it.
     2. ``_lean_forward_kernel`` (one program per query block): online softmax of
        L s - c2 over the key blocks (DNAS, row lse r2) and, for HNAS, of L s
-       (UNAS, r2_u); out = u O_D + (1 - u) O_U (step 5, Eq. 12), and for the
-       backward O_D - O_U in float32. Dropout as in long.py (``dropout.py``:
+       (UNAS, r2_u), HNAS's two from one exp2 a score (``column_factors``);
+       out = u O_D + (1 - u) O_U (step 5, Eq. 12), and for the
+       backward O_D - O_U in float32, 2^r2 and HNAS's row factor 2^(r2_u - r2). Dropout as in long.py (``dropout.py``:
        the mask of (seed, b H + h, i, j)).
 
 Backward (3 launches; dO the upstream gradient, Z' = Z / (1 - p),
@@ -43,8 +44,13 @@ G = Z' (dO V^T), E_D[i] = u dO_i . O_D,i, E_U[i] = dO_i . out_i - E_D[i])
            dk += ds^T (Q - mu), dq += ds K  (float32 atomic add)
            HNAS: dv += (1 - u) (Z pi_U)^T dO, and the UNAS part's column
            sum of ds for dk's mu term.
+         Loop 2 reads 2^r2 from the forward (ER) and, HNAS, takes pi_U and
+         pi_D from one exp2 with a factor per key and one per query
+         (``column_factors``); odd key blocks walk the query blocks backwards,
+         so that neighbouring key blocks of a head do not add to the same dq
+         rows at once.
        Six matmuls per block pair (K Q^T and (Z P)^T dO; K Q^T, V dO^T, ds^T Q
-       and ds K), two exp2 for DNAS (one a loop); no dc buffer, no
+       and ds K), one exp2 a loop for DNAS and HNAS alike; no dc buffer, no
        query-major pass.
     2. dq to the input dtype (one torch copy; none for float32), and HNAS's
        dL/du summed over the queries and the batch (one torch sum).
@@ -81,16 +87,17 @@ LOG2E = tl.constexpr(1.4426950408889634)  # L = log2(e): exp(x) = 2^(L x)
 
 @triton.jit
 def _lean_column_kernel(
-    Q, K, C2, MU, QPAD, KPAD,
+    Q, K, C2, CB, MU, QPAD, KPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
     H, TQ, TK, D,
-    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+    HYBRID: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """c2[j] = L c[j] = log2 sum over real queries i of 2^(L s[i, j]) (+inf at
     padded keys and keys no real query sees), as ``column.py``'s pass in base
     2; the program of key block 0 also writes mu (B, H, D) float32, the mean
-    of the real queries (0 where there is none)."""
+    of the real queries (0 where there is none). HNAS: also CB (B, H, 3, T_k),
+    the key terms w, f_U, f_D of ``column_factors``."""
     pid_n, bh, b, h = program(TK, H, BLOCK_N, INT64)
     offs_n = offsets(pid_n * BLOCK_N, BLOCK_N, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -109,6 +116,11 @@ def _lean_column_kernel(
     ok = real(KPAD, b, offs_n, TK, HAS_PAD) & (l > 0)
     c2 = tl.where(ok, m + tl.log2(tl.where(ok, l, 1.0)), float("inf"))
     tl.store(C2 + bh * TK + offs_n, c2, mask=offs_n < TK)
+    if HYBRID:
+        w, f_u, f_d = column_factors(c2)
+        tl.store(CB + (3 * bh) * TK + offs_n, w, mask=offs_n < TK)
+        tl.store(CB + (3 * bh + 1) * TK + offs_n, f_u, mask=offs_n < TK)
+        tl.store(CB + (3 * bh + 2) * TK + offs_n, f_d, mask=offs_n < TK)
     if pid_n == 0:  # this program's head: the mean real query, in a loop of its own (not in the one above)
         q_sum = tl.zeros([BLOCK_D], tl.float32)
         n_real = tl.zeros([BLOCK_M], tl.float32)
@@ -138,8 +150,28 @@ def _online_step2(m, l, acc, x, v, byte, t_pair, DROPOUT: tl.constexpr, PRECISIO
 
 
 @triton.jit
+def column_factors(c2):
+    """HNAS's key terms (w, f_U, f_D) for one exponential a score: with
+    e = 2^(L s + w_j - m) for a row's m,
+        pi_U's term 2^(L s - m) = e f_U,   pi_D's 2^(L s - c2 - m) = e f_D,
+    w_j = max(0, -c2_j), f_U = 2^(-w_j) = 2^(min(c2_j, 0)), f_D = 2^(-max(c2_j, 0)):
+    both factors in (0, 1]. The forward takes m = m_u (the row maximum of
+    L s) and scales DNAS's terms by 2^(m_u - m_d), so that each softmax's
+    largest term is 1; the backward takes m = r2u and scales by the row
+    factor 2^(r2u - r2). Where either probability is not negligible, e, the
+    factors and the row factor stay within 2^+-(L max|s| + 2 log2 T_k): float32's
+    range holds for |s| up to about 80. Padded keys (c2 = +inf): w = -inf
+    (e = 0), factors 0."""
+    ok = c2 < float("inf")
+    w = tl.where(ok, tl.maximum(-c2, 0.0), float("-inf"))
+    f_u = tl.where(ok, tl.exp2(tl.minimum(c2, 0.0)), 0.0)
+    f_d = tl.where(ok, tl.exp2(-tl.maximum(c2, 0.0)), 0.0)
+    return w, f_u, f_d
+
+
+@triton.jit
 def _lean_forward_kernel(
-    Q, K, V, C2, U, SEED, OUT, OD, R2, R2U, QPAD,
+    Q, K, V, C2, CB, U, SEED, OUT, OD, R2, R2U, ER, AR, QPAD,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     so_b, so_h, so_t, so_d,
     H, TQ, TK, D, drop_threshold,
@@ -149,7 +181,15 @@ def _lean_forward_kernel(
     """out = pi V for one query block (long.py's forward in base 2): DNAS, the
     softmax of L s - c2; HNAS, also the UNAS softmax of L s, and OD = O_D - O_U
     in float32 (with OUT's strides). Rows without weight (padded queries, no real key)
-    get r2 = +inf and output 0."""
+    get r2 = +inf and output 0. For the backward: ER = 2^r2 (0 at those rows)
+    and, HNAS, AR the row factor 2^(r2u - r2) (1 there).
+
+    HNAS takes one exponential a score for both softmaxes (``column_factors``,
+    w and the factors from the column pass, CB): with the running maxima m_u
+    of L s and m_d of L s - c2, e = 2^(L s + w - m_u), UNAS's terms
+    e f_U = 2^(L s - m_u) and DNAS's e f_D 2^(m_u - m_d) = 2^(L s - c2 - m_d),
+    each softmax's largest term 1 (its half-precision matmul keeps full
+    precision), at the price of one more row exponential a block (2^(m_u - m_d))."""
     pid_m, bh, b, h = program(TQ, H, BLOCK_M, INT64)
     offs_m = offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     offs_d = offsets(0, BLOCK_D, INT64)
@@ -171,26 +211,53 @@ def _lean_forward_kernel(
         offs_n = offsets(start_n, BLOCK_N, INT64)
         k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
         v = load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
-        c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
         byte = 0
         if DROPOUT:
             byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
-        m_d, l_d, acc_d = _online_step2(m_d, l_d, acc_d, s * LOG2E - c2[None, :], v, byte, t_pair, DROPOUT,
-                                        PRECISION)
-        if HYBRID:  # UNAS over the same scores, padded keys (c2 = inf) left out by a bias of -inf
-            s_u = s * LOG2E + tl.where(c2 < float("inf"), 0.0, float("-inf"))[None, :]
-            m_u, l_u, acc_u = _online_step2(m_u, l_u, acc_u, s_u, v, byte, t_pair, DROPOUT, PRECISION)
+        if HYBRID:  # UNAS and DNAS from one exponential a score (column_factors); padded keys: e = 0
+            c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+            w = tl.load(CB + (3 * bh) * TK + offs_n, mask=offs_n < TK, other=float("-inf"))
+            f_u = tl.load(CB + (3 * bh + 1) * TK + offs_n, mask=offs_n < TK, other=0.0)
+            f_d = tl.load(CB + (3 * bh + 2) * TK + offs_n, mask=offs_n < TK, other=0.0)
+            x_u = s * LOG2E + tl.where(c2 < float("inf"), 0.0, float("-inf"))[None, :]
+            m_u_new = tl.maximum(m_u, tl.max(x_u, 1))  # each softmax its own maximum: in half precision
+            m_new = tl.maximum(m_d, tl.max(s * LOG2E - c2[None, :], 1))  # both matmuls' largest term is 1
+            alpha_u = tl.exp2(m_u - m_u_new)
+            alpha = tl.exp2(m_d - m_new)
+            e = tl.exp2(x_u + w[None, :] - m_u_new[:, None])  # 2^(L s + w - m_u)
+            p_u = e * f_u[None, :]  # 2^(L s - m_u) <= 1: UNAS's terms
+            p_d = e * (f_d[None, :] * tl.exp2(m_u_new - m_new)[:, None])  # 2^(L s - c2 - m_d) <= 1: DNAS's
+            m_u = m_u_new
+            l_u = l_u * alpha_u + tl.sum(p_u, 1)
+            l_d = l_d * alpha + tl.sum(p_d, 1)
+            p_u = p_u.to(v.dtype)
+            p_d = p_d.to(v.dtype)
+            if DROPOUT:
+                p_u = dropped(p_u, byte, t_pair)
+                p_d = dropped(p_d, byte, t_pair)
+            acc_u = acc_u * alpha_u[:, None] + tl.dot(p_u, v, input_precision=PRECISION)
+            acc_d = acc_d * alpha[:, None] + tl.dot(p_d, v, input_precision=PRECISION)
+            m_d = m_new
+        else:
+            c2 = tl.load(C2 + bh * TK + offs_n, mask=offs_n < TK, other=float("inf"))
+            m_d, l_d, acc_d = _online_step2(m_d, l_d, acc_d, s * LOG2E - c2[None, :], v, byte, t_pair, DROPOUT,
+                                            PRECISION)
     ok_d = real_q & (l_d > 0)
     l_d = tl.where(ok_d, l_d, 1.0)
     o_d = tl.where(ok_d[:, None], acc_d * (scale / l_d)[:, None], 0.0)
-    tl.store(R2 + bh * TQ + offs_m, tl.where(ok_d, m_d + tl.log2(l_d), float("inf")), mask=offs_m < TQ)
+    r2 = m_d + tl.log2(l_d)
+    tl.store(R2 + bh * TQ + offs_m, tl.where(ok_d, r2, float("inf")), mask=offs_m < TQ)
+    tl.store(ER + bh * TQ + offs_m, tl.where(ok_d, tl.exp2(r2), 0.0), mask=offs_m < TQ)  # loop 2's 2^r2
     if HYBRID:
         u = tl.load(U + h)
         ok_u = real_q & (l_u > 0)
         l_u = tl.where(ok_u, l_u, 1.0)
         o_u = tl.where(ok_u[:, None], acc_u * (scale / l_u)[:, None], 0.0)
-        tl.store(R2U + bh * TQ + offs_m, tl.where(ok_u, m_u + tl.log2(l_u), float("inf")), mask=offs_m < TQ)
+        r2u = m_u + tl.log2(l_u)
+        tl.store(R2U + bh * TQ + offs_m, tl.where(ok_u, r2u, float("inf")), mask=offs_m < TQ)
+        ok = ok_u & ok_d  # the backward's row factor 2^(r2u - r2) (1 at rows without weight)
+        tl.store(AR + bh * TQ + offs_m, tl.exp2(tl.where(ok, r2u - r2, 0.0)), mask=offs_m < TQ)
         # O_D - O_U = d out / du: the backward's dL/du and E_D come from it (``_lean_preprocess_kernel``)
         store_tile(OD + b * so_b + h * so_h, (o_d - o_u).to(OD.dtype.element_ty), offs_m, offs_d, so_t, so_d, TQ, D)
         out = u * o_d + (1.0 - u) * o_u  # step 5 (Eq. 12)
@@ -253,7 +320,7 @@ def _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d, sdo_b
 
 @triton.jit
 def _lean_backward_kernel(
-    Q, K, V, C2, U, SEED, DO, R2, R2U, ED, EU, MU, DQ, DK, DV,
+    Q, K, V, C2, U, SEED, DO, R2, R2U, ER, AR, ED, EU, MU, DQ, DK, DV,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d, sdk_b, sdk_h, sdk_t, sdk_d,
     sdv_b, sdv_h, sdv_t, sdv_d,
@@ -283,9 +350,9 @@ def _lean_backward_kernel(
         u = 1.0
     seed, scale, t_pair = dropout_setup(SEED, drop_threshold, DROPOUT)
     start_n = pid_n * BLOCK_N
-    m_end = TQ
-    if DROPOUT:  # at least one pass (as the forward): no wgmma serialized by ptxas
-        m_end = tl.maximum(TQ, 1)
+    # at least one pass (adding 0 for T_q = 0): no path that skips a loop, where ptxas would serialize
+    # every wgmma (as the forward with dropout)
+    m_end = tl.maximum(TQ, 1)
 
     # Loop 1: dv_D = sum_i Z pi_D[i, j] dO_i (times scale after it), pe[j] = sum_i pi_D[i, j] E_D[i].
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -305,27 +372,39 @@ def _lean_backward_kernel(
         dv *= u  # dv = u dv_D + (1 - u) dv_U: loop 2 adds the UNAS part
         tu = tl.zeros([BLOCK_N], tl.float32)  # sum_i of the UNAS part of ds
         one_minus_u = 1.0 - u
-        key_bias = tl.where(c2 < float("inf"), 0.0, float("-inf"))  # pi_U: padded keys left out
+        w, f_u, f_d = column_factors(c2)  # w = -inf at padded keys: e = 0 there
 
-    # Loop 2: ds, dk += ds^T (Q - mu), dq += ds K (atomic).
+    # Loop 2: ds, dk += ds^T (Q - mu), dq += ds K (atomic). Odd key blocks walk the query blocks from the
+    # last one back, so that neighbouring key blocks of a head do not add to the same dq rows at the same
+    # time (a rotation, program n starting at block n, holds one more register: 8 bytes of spills at
+    # fp16:64 under Triton 3.9).
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     u_g = u * scale
-    for start_m in range(0, m_end, BLOCK_M):
+    last = (tl.cdiv(m_end, BLOCK_M) - 1) * BLOCK_M
+    backwards = (pid_n % 2) == 1
+    for start in range(0, m_end, BLOCK_M):
+        start_m = tl.where(backwards, last - start, start)
         offs_m, r2, q, do, e_d = _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d,
                                               sdo_b, sdo_h, sdo_t, sdo_d, TQ, D, offs_d, INT64, BLOCK_M)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
-        p = tl.exp2(s_t * LOG2E - c2[:, None] - r2[None, :])
+        # xi = pi_D e^r = pi_D 2^r2: 2^r2 from the forward (0 at padded rows), no exponential here
+        exp_r = tl.load(ER + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        if HYBRID:  # pi_U and pi_D from one exponential (column_factors with m = r2u; rows past T_q: e = 0)
+            r2u = tl.load(R2U + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
+            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+            a_row = tl.load(AR + bh * TQ + offs_m, mask=offs_m < TQ, other=1.0)  # 2^(r2u - r2)
+            e = tl.exp2(s_t * LOG2E + w[:, None] - r2u[None, :])
+            p_u = e * f_u[:, None]  # 2^(L s - r2u)
+            p = e * (f_d[:, None] * a_row[None, :])  # 2^(L s - c2 - r2)
+        else:
+            p = tl.exp2(s_t * LOG2E - c2[:, None] - r2[None, :])
         g = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dO_i . v_j
         byte = 0
         if DROPOUT:
             byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N, True)
             g = dropped(g, byte, t_pair)  # G / scale
-        exp_r = tl.where(r2 < float("inf"), tl.exp2(r2), 0.0)  # xi = pi_D e^r; not 0 * inf at padded rows
         ds = p * (u_g * g - e_d[None, :] + dc[:, None] * exp_r[None, :])
         if HYBRID:
-            r2u = tl.load(R2U + bh * TQ + offs_m, mask=offs_m < TQ, other=float("inf"))
-            e_u = tl.load(EU + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-            p_u = tl.exp2(s_t * LOG2E + key_bias[:, None] - r2u[None, :])
             ds_u = p_u * (one_minus_u * scale * g - e_u[None, :])
             tu += tl.sum(ds_u, 1)
             ds += ds_u
@@ -353,14 +432,19 @@ def _lean_backward_kernel(
 
 
 def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
-    """Output, HNAS's O_D - O_U, c2, r2 (r2_u) and mu. ``seed`` is None without
-    dropout (the kernels then read no seed: c2 stands in for the pointer)."""
+    """Output, HNAS's O_D - O_U, c2, r2 (r2_u), mu, 2^r2 and HNAS's row factors
+    (``_lean_forward_kernel``). ``seed`` is None without dropout (the kernels
+    then read no seed: c2 stands in for the pointer, as for HNAS's buffers
+    under DNAS)."""
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
     c2 = torch.empty((bsz, heads, tk), **f32)
     mu = torch.empty((bsz, heads, d), **f32)
     r2 = torch.empty((bsz, heads, tq), **f32)
     r2u = torch.empty((bsz, heads, tq), **f32) if hybrid else r2
+    er = torch.empty((bsz, heads, tq), **f32)
+    ar = torch.empty((bsz, heads, tq), **f32) if hybrid else r2  # row factors 2^(r2u - r2)
+    cb = torch.empty((bsz, heads, 3, tk), **f32) if hybrid else c2  # key terms w, f_U, f_D (column_factors)
     out = output_buffer(q, v.dtype)
     # HNAS: O_D - O_U in float32 (rounded to half precision, dL/du = sum_i dO_i . (O_D - O_U)_i would lose
     # the float16 rounding of every term: 1e-2 of |dL/du| in the tests)
@@ -370,20 +454,21 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     with on_device(q):
         bm, bn, warps, stages = kernel_tile("lean_column", d, q.dtype)
         _lean_column_kernel[grid(tk, bn, bsz, heads)](
-            q, k, c2, mu, qpad_arg, kpad_arg, *strides(q), *strides(k), heads, tq, tk, d,
-            HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+            q, k, c2, cb, mu, qpad_arg, kpad_arg, *strides(q), *strides(k), heads, tq, tk, d,
+            HYBRID=hybrid, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
         bm, bn, warps, stages = kernel_tile("lean_forward_hnas" if hybrid else "lean_forward", d, q.dtype)
         _lean_forward_kernel[grid(tq, bm, bsz, heads)](
-            q, k, v, c2, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, qpad_arg,
+            q, k, v, c2, cb, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, er, ar,
+            qpad_arg,
             *strides(q), *strides(k), *strides(v), *strides(out), heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
             num_stages=stages, **meta,
         )
-    return out, o_d, c2, r2, r2u, mu
+    return out, o_d, c2, r2, r2u, mu, er, ar
 
 
-def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu):
+def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar):
     """dq, dk, dv (in buffers of their inputs' layouts) and du."""
     bsz, heads, tq, d = q.shape
     tk = k.shape[2]
@@ -408,7 +493,7 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu):
         )
         bm, bn, warps, stages = kernel_tile("lean_backward_hnas" if hybrid else "lean_backward", d, q.dtype)
         _lean_backward_kernel[grid(tk, bn, bsz, heads)](
-            q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, e_d, e_u, mu, dq32, dk, dv,
+            q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, er, ar, e_d, e_u, mu, dq32, dk, dv,
             *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq32), *strides(dk), *strides(dv),
             heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, PRECISION=precision(q.dtype), INT64=int64,
@@ -426,16 +511,16 @@ class TritonLeanAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
         u32 = None if u is None else u.detach().float().contiguous()
-        out, o_d, c2, r2, r2u, mu = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
+        out, o_d, c2, r2, r2u, mu, er, ar = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
         ctx.p_drop = p_drop
         ctx.u_dtype = None if u is None else u.dtype
-        ctx.save_for_backward(q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu)
+        ctx.save_for_backward(q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar)
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu = ctx.saved_tensors
-        dq, dk, dv, du = _backward(do, q, k, v, u32, qpad, ctx.p_drop, seed, out, o_d, c2, r2, r2u, mu)
+        q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar = ctx.saved_tensors
+        dq, dk, dv, du = _backward(do, q, k, v, u32, qpad, ctx.p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar)
         du = None if du is None else du.to(ctx.u_dtype)
         return dq, dk, dv, du, None, None, None, None
 

@@ -42,7 +42,9 @@ MAX_HEAD_DIM = 128
 # sequences span several blocks and ragged tails.
 # lean_*: the lean kernels (triton/lean.py), untimed: chosen by the same rule
 # from benchmarks/triton_spills.py --lean 1 under Triton 3.9, the largest
-# tile by fewest instructions a score (docs/results/2026-11-28-sm90-compiler-lean.md);
+# tile by fewest instructions a score (docs/results/2026-11-28-sm90-compiler-lean.md),
+# until a GPU record of benchmarks/triton_tiles.py --lean names its winners
+# (LEAN_TILES_RECORD, below);
 # HNAS's forward and backward have entries of their own (*_hnas), since their
 # second accumulator takes the registers DNAS's larger tiles need.
 GPU_TILES = {
@@ -65,6 +67,30 @@ GPU_TILES = {
                            lean_forward_hnas=(16, 16, 8), lean_backward_hnas=(16, 16, 8)),
 }
 INTERPRETER_TILES = dict.fromkeys(GPU_TILES["half", 64], (16, 16, 1))
+
+# The lean kernels' tiles by the clock. GPU_TILES' lean_* entries above were chosen on CPU by
+# instruction count; a GPU run of ``benchmarks/triton_tiles.py --lean`` times the candidates
+# below (those that survive the compiler's pruning on CPU: no register spills for sm_90 under the
+# Triton version of the GPU record, ``benchmarks/triton_spills.py --lean-candidates``) and its
+# winners replace those entries, as selection.LEAN_CHOSEN is filled from a dated record.
+# No GPU has run the sweep yet: the entries above stand until a record names its winners here.
+LEAN_TILES_RECORD = None  # the dated record whose winners the lean_* entries are (none yet)
+# (BLOCK_M, BLOCK_N, warps, stages) per lean entry, half precision at head size 64 (the case of the
+# performance targets). Besides the largest tiles: occupancy candidates - 4 warps, tiles small
+# enough for two blocks an SM (at most 32,768 registers and about 113 KB of shared memory each on
+# sm_90), 3 pipeline stages - and for the column pass 128-key blocks.
+LEAN_CANDIDATES = {
+    "lean_column": [(128, 64, 4, 2), (64, 128, 4, 2), (128, 128, 8, 2), (64, 128, 8, 3), (128, 64, 4, 3),
+                    (64, 64, 4, 2)],
+    "lean_forward": [(128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3),
+                     (128, 128, 8, 3), (64, 128, 4, 2)],
+    "lean_forward_hnas": [(128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3),
+                          (64, 32, 4, 2)],
+    "lean_backward": [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3),
+                      (32, 64, 4, 2), (128, 128, 8, 2)],
+    "lean_backward_hnas": [(32, 128, 8, 2), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 2), (32, 64, 4, 2),
+                           (32, 64, 4, 3)],
+}
 STAGES = 2
 TILES_ENV = "FAIRSEQ_DNAS_TRITON_TILES"
 
