@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""ROUGE-1/2/L F1 of a hypothesis file against one or more reference files.
+"""ROUGE-1/2/L/Lsum F1 of a hypothesis file against one or more reference files.
 
     python -m fairseq_dnas.commands.rouge_eval --hyp test.hyp --ref raw/test.title
     python -m fairseq_dnas.commands.rouge_eval --hyp duc.hyp --ref ref0 --ref ref1 --ref ref2 --ref ref3 --json
@@ -21,6 +21,22 @@ exception list, and the Perl script rounds per-sentence figures and
 resamples differently for its interval. Expect agreement to within a few
 tenths of a point, not to the last digit; compare systems with the same tool.
 
+ROUGE-Lsum (rouge-score's ``rougeLsum``) is the summary-level LCS over
+sentences, what CNN/DailyMail and XSum results are reported in (fairseq's
+``files2rouge``, Hugging Face's ``run_summarization.py``). It needs the
+sentences of each summary: a text holding newlines is split at them (one
+sentence a line); a text without any (a line of a hypothesis or reference
+file) is split by NLTK's Punkt algorithm with its default, untrained
+parameters (``PunktSentenceTokenizer()``: a period, question or exclamation
+mark followed by white space ends a sentence, no abbreviation list). That
+splitter is offline and deterministic (NLTK comes with rouge-score; the
+trained English model ``punkt``, what ``nltk.sent_tokenize`` and
+rouge-score's ``split_summaries=True`` use, is a download, so it is not used
+here). It may split after an abbreviation such as "Mr." where the trained
+model would not; on single-sentence outputs (Gigaword headlines) ROUGE-Lsum
+equals ROUGE-L. ROUGE-1/2/L are unchanged by the splitting (newlines are
+white space to rouge-score's tokenizer).
+
 Several ``--ref`` (multi-reference sets, DUC-2004 has 4): each sentence's
 score is the mean of its scores against each reference (``--multi-ref mean``,
 close to Perl's default ``-f A``) or the best one (``--multi-ref max``, what
@@ -36,7 +52,7 @@ import sys
 import numpy as np
 from rouge_score import rouge_scorer
 
-TYPES = ("rouge1", "rouge2", "rougeL")
+TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 PARTS = ("precision", "recall", "fmeasure")
 
 
@@ -51,17 +67,35 @@ def truncate_bytes(text, limit):
     return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
 
 
+_PUNKT = None
+
+
+def split_sentences(text):
+    """The sentences of ``text`` joined by newlines, as ``rougeLsum`` reads
+    them: its own lines when it has several, else Punkt's (untrained) split."""
+    global _PUNKT
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        return "\n".join(lines)
+    if _PUNKT is None:
+        from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+        _PUNKT = PunktSentenceTokenizer()  # default parameters: no model to download
+    return "\n".join(s.strip() for s in _PUNKT.tokenize(" ".join(lines)) if s.strip())
+
+
 def sentence_scores(hyps, refs_list, use_stemmer, multi_ref="mean"):
-    """(N, 3 types, 3 parts) array of per-sentence precision/recall/F1 in [0, 1].
+    """(N, len(TYPES) types, 3 parts) array of per-sentence precision/recall/F1 in [0, 1].
 
     ``refs_list`` holds one list of references per reference file."""
-    scorer = rouge_scorer.RougeScorer(list(TYPES), use_stemmer=use_stemmer)
+    scorer = rouge_scorer.RougeScorer(list(TYPES), use_stemmer=use_stemmer, split_summaries=False)
     out = np.zeros((len(hyps), len(TYPES), len(PARTS)))
     for i, hyp in enumerate(hyps):
+        hyp = split_sentences(hyp)
         per_ref = np.array([
             [[getattr(s[t], p) for p in PARTS] for t in TYPES]
-            for s in (scorer.score(refs[i], hyp) for refs in refs_list)
-        ])  # (R, 3, 3): reference, type, part
+            for s in (scorer.score(split_sentences(refs[i]), hyp) for refs in refs_list)
+        ])  # (R, types, 3): reference, type, part
         if multi_ref == "max":  # the reference with the best F1, per type
             best = per_ref[:, :, 2].argmax(axis=0)
             out[i] = per_ref[best, np.arange(len(TYPES))]
@@ -104,7 +138,7 @@ def format_table(result):
     lines = [f"{result['sentences']} sentences, {result['references']} reference(s); "
              f"ROUGE F1 (%), mean [95% bootstrap interval]"]
     for name in ("stemmed", "unstemmed"):
-        cells = [f"{t.upper().replace('ROUGE', 'R-')} {r['fmeasure']['mean']:.2f} "
+        cells = [f"{t.upper().replace('ROUGE', 'R-').replace('LSUM', 'Lsum')} {r['fmeasure']['mean']:.2f} "
                  f"[{r['fmeasure']['low']:.2f}, {r['fmeasure']['high']:.2f}]"
                  for t, r in result[name].items()]
         lines.append(f"  {name:<9}  " + "   ".join(cells))

@@ -102,6 +102,31 @@ PATCHES = (
         "bpe_files:install",
     ),
     Patch(
+        "inference_batches",
+        ("fairseq.data.data_utils.batch_by_size", "fairseq.trainer.Trainer.get_valid_iterator",
+         "fairseq_cli.generate.main", "fairseq_cli.validate.main"),
+        "batch_by_size ends 'if bsz_mult > 1 and len(b[-1]) % bsz_mult != 0: b = b[:-1]': with the default "
+        "--required-batch-size-multiple 8, fairseq-generate, fairseq-validate and the validation inside "
+        "fairseq-train silently lose their last batch; inference batches now keep it (training unchanged)",
+        "inference_batches:install",
+    ),
+    Patch(
+        "ngram_block",
+        ("fairseq.ngram_repeat_block.NGramRepeatBlock._no_repeat_ngram",),
+        "the Python n-gram blocker (used without fairseq's CUDA extension) compares the last n-1 positions "
+        "of the whole token buffer ('cpu_tokens[bbsz_idx][-(self.no_repeat_ngram_size - 1) :]'), padding, "
+        "so --no-repeat-ngram-size blocks nothing; it now sees the generated tokens only",
+        "ngram_block:install",
+    ),
+    Patch(
+        "restore_file",
+        ("fairseq.checkpoint_utils.load_checkpoint",),
+        "a --restore-file naming a missing file ('checkpoint_path = cfg.restore_file') trains from random "
+        "weights after an INFO line; it is now BadFile('<path>: no such checkpoint (--restore-file) ...'); "
+        "the default checkpoint_last.pt in --save-dir still resumes or starts fresh",
+        "restore_file:install",
+    ),
+    Patch(
         "file_checks",
         ("fairseq.checkpoint_utils.load_checkpoint_to_cpu", "fairseq.checkpoint_utils.load_model_ensemble_and_task",
          "fairseq.trainer.Trainer.load_checkpoint", "fairseq.data.data_utils.load_indexed_dataset",
