@@ -209,6 +209,29 @@ def test_hnas_distance_grows_from_u_near_zero_to_dnas(prepared, pretrained, tmp_
     one_error_line(proc, "--u 0.0: give values in (0, 1]")
 
 
+@pytest.mark.full
+def test_hnas_distance_truncates_long_sources_as_fine_tuning_does(prepared, pretrained, tmp_path):
+    """A source longer than the model's positions (256 here, 1,024 for BART):
+    fine-tuning truncates it (--truncate-source); the script too, instead of
+    an IndexError in the position embedding."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    long_source = " ".join(WORDS * 6)  # about 600 bytes: 600 byte-level BPE ids
+    for side, lines in (("source", [long_source, "the mayor said"]), ("target", ["the mayor", "the mayor"])):
+        (raw / f"valid.bpe.{side}").write_text("".join(" ".join(str(b) for b in line.encode()) + "\n"
+                                                       for line in lines))
+    run(["fairseq-preprocess", "--source-lang", "source", "--target-lang", "target", "--validpref",
+         raw / "valid.bpe", "--destdir", tmp_path / "bin", "--srcdict", prepared / "dict.source.txt",
+         "--tgtdict", prepared / "dict.target.txt", "--workers", "1"])
+    proc = subprocess.run([sys.executable, os.path.join(BART, "hnas_distance.py"), "--checkpoint", pretrained,
+                           "--data", tmp_path / "bin", "--split", "valid", "--sentences", "2", "--u", "0.5"],
+                          capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["sentences"] == 2 and row["enc_rel"] > 0
+
+
 def test_experiment_table_from_results(tmp_path):
     """--report-only: the table (mean +- s.e. over seeds) and u per layer from results.jsonl."""
     def rouge(r1):
