@@ -138,6 +138,7 @@ def test_finetune_then_summarize_and_score(corpus, prepared, pretrained, tmp_pat
     assert len(hyp.read_text().splitlines()) == 5
     rouge = json.loads((tmp_path / "test.hyp.rouge.json").read_text())
     assert rouge["sentences"] == 5 and 0 <= rouge["stemmed"]["rouge1"]["fmeasure"]["mean"] <= 100
+    assert 0 <= rouge["stemmed"]["rougeLsum"]["fmeasure"]["mean"] <= 100
 
     # a fresh interpreter that never imported the plugin: user_dir= makes the architecture known
     code = ("import sys; from fairseq.models.bart import BARTModel; "
@@ -158,6 +159,24 @@ def test_finetune_then_summarize_and_score(corpus, prepared, pretrained, tmp_pat
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     one_error_line(proc, "encoder.json: no such BPE file (gpt2_encoder_json)", "pass gpt2_encoder_json=PATH")
     assert not (tmp_path / "x.hyp").exists()
+
+
+def test_summarize_with_a_missing_data_folder_is_one_line(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(BART, "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"x")
+    (tmp_path / "test.source").write_text("an article\n")
+    with pytest.raises(SystemExit) as exit_:
+        summarize.main(["--model-dir", str(tmp_path), "--data", str(tmp_path / "cnn_dm-bin"), "--source",
+                        str(tmp_path / "test.source"), "--out", str(tmp_path / "test.hyp"),
+                        "--gpt2-encoder-json", "e.json", "--gpt2-vocab-bpe", "v.bpe"])
+    message = str(exit_.value.code)
+    assert message == (f"[summarize] error: {tmp_path / 'cnn_dm-bin'}: no such data folder (--data: the binarized "
+                       "data of the fine-tuning, whose dict.source.txt / dict.target.txt the model was trained with)")
+    assert not (tmp_path / "test.hyp").exists()
 
 
 @pytest.mark.parametrize("extra,words", [

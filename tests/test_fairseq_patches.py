@@ -210,11 +210,13 @@ def test_installing_twice_wraps_once():
     result = _python('''
         from fairseq_dnas import fairseq_patches
         from fairseq_dnas.fairseq_patches import (atomic_copy, bpe_files, checkpoint_load, exact_resume,
-                                                  file_checks, is_patched, numpy_alias)
+                                                  file_checks, inference_batches, is_patched, ngram_block,
+                                                  numpy_alias, restore_file)
         fairseq_patches.install(command_line=True)
         first = {s: unbound(s) for s in symbols()}
         fairseq_patches.install(command_line=True)
-        for module in (checkpoint_load, atomic_copy, numpy_alias, exact_resume, bpe_files, file_checks):
+        for module in (checkpoint_load, atomic_copy, numpy_alias, exact_resume, bpe_files, inference_batches,
+                       ngram_block, restore_file, file_checks):
             module.install()
         file_checks.install_excepthook()
         inner_patched = {}
