@@ -103,11 +103,11 @@ PATCHES = (
     ),
     Patch(
         "inference_batches",
-        ("fairseq.data.data_utils.batch_by_size", "fairseq.trainer.Trainer.get_valid_iterator",
-         "fairseq_cli.generate.main", "fairseq_cli.validate.main"),
+        ("fairseq.data.data_utils.batch_by_size", "fairseq.trainer.Trainer.get_valid_iterator"),
         "batch_by_size ends 'if bsz_mult > 1 and len(b[-1]) % bsz_mult != 0: b = b[:-1]': with the default "
         "--required-batch-size-multiple 8, fairseq-generate, fairseq-validate and the validation inside "
-        "fairseq-train silently lose their last batch; inference batches now keep it (training unchanged)",
+        "fairseq-train silently lose their last batch; batches built in fairseq-generate / -validate and by "
+        "Trainer.get_valid_iterator now keep it (training unchanged)",
         "inference_batches:install",
     ),
     Patch(

@@ -15,11 +15,14 @@ and the validation inside ``fairseq-train`` score a subset (with 20 sentences
 and a batch size of 20 nothing at all: a ``ZeroDivisionError``).
 
 The fix keeps fairseq's batches and adds back the tail it dropped, but only
-while an inference iterator is being built: inside ``fairseq_cli.generate.main``,
-``fairseq_cli.validate.main`` and ``Trainer.get_valid_iterator`` (the
+where batches are built for inference: in a ``fairseq-generate`` or
+``fairseq-validate`` process (also as ``python -m fairseq_cli.<command>``;
+such a process never trains) and inside ``Trainer.get_valid_iterator`` (the
 validation inside ``fairseq-train``). Training batches are fairseq's own.
 ``fairseq-interactive`` and the hub interface already ask for a multiple of
-1.
+1. (``fairseq_cli.validate`` configures logging when imported, so it is not
+imported here; a script of your own that calls ``fairseq_cli.generate.main``
+can wrap the call in ``inference()``.)
 """
 
 import contextlib
@@ -40,8 +43,15 @@ def inference():
         _STATE.depth = depth
 
 
+INFERENCE_COMMANDS = ("generate", "validate")  # fairseq commands that never train
+
+
 def in_inference() -> bool:
-    return getattr(_STATE, "depth", 0) > 0
+    if getattr(_STATE, "depth", 0) > 0:
+        return True
+    from fairseq_dnas.fairseq_patches.file_checks import fairseq_command
+
+    return fairseq_command() in INFERENCE_COMMANDS
 
 
 def with_remainder(batches, indices):
@@ -71,7 +81,6 @@ def install() -> None:
     import numpy
     from fairseq import trainer
     from fairseq.data import data_utils
-    from fairseq_cli import generate, validate
 
     from fairseq_dnas.fairseq_patches import is_patched, mark
 
@@ -88,7 +97,6 @@ def install() -> None:
 
         batch_by_size_keeping_the_tail.__wrapped__ = batch_by_size
         data_utils.batch_by_size = mark(batch_by_size_keeping_the_tail, "inference_batches")
-    for owner, name in ((trainer.Trainer, "get_valid_iterator"), (generate, "main"), (validate, "main")):
-        current = getattr(owner, name)
-        if not is_patched(current):
-            setattr(owner, name, mark(_inference_context(current), "inference_batches"))
+    if not is_patched(trainer.Trainer.get_valid_iterator):
+        trainer.Trainer.get_valid_iterator = mark(_inference_context(trainer.Trainer.get_valid_iterator),
+                                                  "inference_batches")
