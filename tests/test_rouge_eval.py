@@ -187,7 +187,7 @@ def test_seed_table_mean_and_standard_error(tmp_path):
 def test_rouge_lsum_is_the_summary_level_lcs_over_sentences(monkeypatch):
     """Two sentences in swapped order: ROUGE-L (one LCS over the whole text)
     finds half of them, ROUGE-Lsum (the union LCS per reference sentence)
-    all; the split is Punkt's untrained one, nothing downloaded."""
+    all; nothing is downloaded for the split."""
     import nltk
 
     monkeypatch.setattr(nltk, "download", lambda *a, **k: pytest.fail("ROUGE-Lsum must not download"))
@@ -217,8 +217,19 @@ def test_rouge_lsum_matches_rouge_score_on_newline_separated_sentences():
     assert np.allclose(one_line[:3], got[:3])  # the split only reaches ROUGE-Lsum
 
 
+def test_the_sentence_split_keeps_abbreviations_initials_and_lower_cased_headlines():
+    text = ('Mr. Smith met the U.S. envoy on Jan. 5. "It went well," he said. J. Doe agreed! '
+            '3 people left? Then it ended.')
+    assert rouge_eval.split_sentences(text).split("\n") == [
+        "Mr. Smith met the U.S. envoy on Jan. 5.", '"It went well," he said.', "J. Doe agreed!", "3 people left?",
+        "Then it ended."]
+    for headline in ("u.s. to urge u.n. to lift sanctions against iraq", "sri lanka vs. new zealand scoreboard",
+                     "stocks end lower . dollar up"):
+        assert rouge_eval.split_sentences(headline) == headline
+
+
 def test_rouge_lsum_equals_rouge_l_on_headlines():
-    hyps = ["police arrest man over killing", "stocks fall on wall street"]
-    refs = ["man arrested in killing of police officer", "us stocks fall sharply"]
+    hyps = ["police arrest man over killing", "u.s. stocks fall on wall street"]
+    refs = ["man arrested in killing of police officer", "u.s. stocks fall sharply"]
     result = rouge_eval.evaluate(hyps, [refs], samples=10)
     assert result["stemmed"]["rougeLsum"] == result["stemmed"]["rougeL"]

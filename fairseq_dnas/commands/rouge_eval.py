@@ -26,14 +26,14 @@ sentences, what CNN/DailyMail and XSum results are reported in (fairseq's
 ``files2rouge``, Hugging Face's ``run_summarization.py``). It needs the
 sentences of each summary: a text holding newlines is split at them (one
 sentence a line); a text without any (a line of a hypothesis or reference
-file) is split by NLTK's Punkt algorithm with its default, untrained
-parameters (``PunktSentenceTokenizer()``: a period, question or exclamation
-mark followed by white space ends a sentence, no abbreviation list). That
-splitter is offline and deterministic (NLTK comes with rouge-score; the
-trained English model ``punkt``, what ``nltk.sent_tokenize`` and
-rouge-score's ``split_summaries=True`` use, is a download, so it is not used
-here). It may split after an abbreviation such as "Mr." where the trained
-model would not; on single-sentence outputs (Gigaword headlines) ROUGE-Lsum
+file) is split by ``split_sentences``: a sentence ends at ``.``, ``!`` or
+``?`` followed by white space and a capital letter or a digit, unless the
+word before the period is a known abbreviation ("Mr.", "U.S.", "Jan.", ...)
+or an initial. This is a small rule of our own, offline and deterministic:
+the usual splitter, NLTK's trained Punkt model (``nltk.sent_tokenize``,
+rouge-score's ``split_summaries=True``), is a download, and Punkt without
+its model splits after every "u.s." of a lower-cased headline. On
+lower-cased, one-sentence outputs (Gigaword headlines) ROUGE-Lsum therefore
 equals ROUGE-L. ROUGE-1/2/L are unchanged by the splitting (newlines are
 white space to rouge-score's tokenizer).
 
@@ -47,6 +47,7 @@ to 75 bytes first, as Perl ``-b 75`` does for DUC-2004.
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -67,21 +68,38 @@ def truncate_bytes(text, limit):
     return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
 
 
-_PUNKT = None
+# Words that end in a period without ending a sentence (compared lower-cased,
+# without their final period); single letters (initials: "J. Smith") too.
+ABBREVIATIONS = frozenset("""
+    mr mrs ms messrs dr prof sr jr st mt rev hon pres gov gen sen rep col lt sgt capt cmdr adm maj supt det insp
+    jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu thur thurs fri sat sun
+    inc corp co ltd bros no nos vs etc al approx dept est fig vol e.g i.e u.s u.k u.n e.u a.m p.m
+""".split())
+# A candidate boundary: white space after . ! or ? (and any closing quotes or
+# brackets), before a capital letter or a digit (after any opening quotes).
+_BOUNDARY = re.compile(r"""(?<=[.!?])["'\u201d\u2019)\]]*\s+(?=["'\u201c\u2018(\[]*[A-Z0-9])""")
 
 
 def split_sentences(text):
     """The sentences of ``text`` joined by newlines, as ``rougeLsum`` reads
-    them: its own lines when it has several, else Punkt's (untrained) split."""
-    global _PUNKT
+    them. A text with several lines keeps its lines. Otherwise a sentence
+    ends at . ! or ? followed by white space and a capital letter or a digit,
+    unless the word before the period is in ``ABBREVIATIONS`` or a single
+    letter. Lower-cased text (Gigaword's headlines) is therefore one sentence."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) > 1:
+    if len(lines) != 1:
         return "\n".join(lines)
-    if _PUNKT is None:
-        from nltk.tokenize.punkt import PunktSentenceTokenizer
-
-        _PUNKT = PunktSentenceTokenizer()  # default parameters: no model to download
-    return "\n".join(s.strip() for s in _PUNKT.tokenize(" ".join(lines)) if s.strip())
+    text, sentences, start = lines[0], [], 0
+    for m in _BOUNDARY.finditer(text):
+        before = text[start:m.start()].rstrip("\"'\u201d\u2019)]")
+        if before.endswith("."):
+            word = before[:-1].split()[-1].lower() if before[:-1].split() else ""
+            if word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+                continue
+        sentences.append(text[start:m.start()].strip() + m.group(0).strip())
+        start = m.end()
+    sentences.append(text[start:].strip())
+    return "\n".join(s for s in sentences if s)
 
 
 def sentence_scores(hyps, refs_list, use_stemmer, multi_ref="mean"):
