@@ -109,7 +109,28 @@ def _repeated_bigrams(hyps):
     return sum(n - 1 for h in hyps for n in Counter(zip(h, h[1:])).values() if n > 1)
 
 
-@pytest.mark.parametrize("patched", [True, pytest.param(False, marks=pytest.mark.full)], ids=["patched", "fairseq"])
+def test_the_blocker_bans_the_token_that_would_repeat_a_generated_ngram():
+    """The beam search's buffer at step 3: bos, 5, 6, 5, then padding. With
+    n = 2 the next 6 would repeat the bigram (5, 6): only it is banned.
+    fairseq's fallback compares the buffer's padded end and bans nothing."""
+    import torch
+    from fairseq.ngram_repeat_block import NGramRepeatBlock
+
+    from fairseq_dnas.fairseq_patches import install
+
+    install(only=["ngram_block"])
+    tokens = torch.tensor([[2, 5, 6, 5, 1, 1, 1, 1]])
+    lprobs = torch.zeros(1, 10)
+    NGramRepeatBlock(2, use_extension=False)(tokens, lprobs, bsz=1, beam_size=1, step=3)
+    assert torch.isinf(lprobs[0]).nonzero().flatten().tolist() == [6]
+    fairseq_lprobs = torch.zeros(1, 10)
+    NGramRepeatBlock._no_repeat_ngram.__wrapped__(NGramRepeatBlock(2, use_extension=False), tokens,
+                                                  fairseq_lprobs, 1, 1, 3)
+    assert not torch.isinf(fairseq_lprobs).any()
+
+
+@pytest.mark.parametrize("patched", [pytest.param(True, marks=pytest.mark.full),
+                                     pytest.param(False, marks=pytest.mark.full)], ids=["patched", "fairseq"])
 def test_no_repeat_ngram_size_blocks_repeats_in_fairseq_generate(tiny, patched):
     flags = ["--batch-size", "32", "--beam", "4", "--min-len", "12", "--max-len-b", "16"]
     env = None if patched else OFF["ngram_block"]
