@@ -151,21 +151,24 @@ def test_user_dir_installs_every_patch_of_the_table():
     assert result["registered"] == [True, True, True]
 
 
-def test_user_dir_after_a_torch_only_import_needs_the_plugin_import():
-    """fairseq registers nothing for a --user-dir whose package is already
-    imported; ``import fairseq_dnas.plugin`` does what --user-dir would."""
+def test_user_dir_after_a_torch_only_import_registers_the_plugin():
+    """fairseq imports nothing for a --user-dir whose package is already
+    imported; the package's __path__ hears that check and imports
+    ``fairseq_dnas.plugin``, what --user-dir asks for. Without --user-dir
+    nothing is registered."""
     result = _python(f'''
         import argparse
         import fairseq_dnas.nn
         from fairseq import utils
         from fairseq.models import ARCH_MODEL_REGISTRY
+        before = "transformer_hnas" in ARCH_MODEL_REGISTRY
+        utils.import_user_module(argparse.Namespace(user_dir=None))
+        without = "transformer_hnas" in ARCH_MODEL_REGISTRY
         utils.import_user_module(argparse.Namespace(user_dir={USER_DIR!r}))
-        alone = "transformer_hnas" in ARCH_MODEL_REGISTRY
-        import fairseq_dnas.plugin
-        print(json.dumps([alone, "transformer_hnas" in ARCH_MODEL_REGISTRY, state()[0]]))
+        print(json.dumps([before, without, "transformer_hnas" in ARCH_MODEL_REGISTRY, state()[0]]))
     ''')
-    alone, registered, originals = result
-    assert not alone and registered
+    before, without, registered, originals = result
+    assert not before and not without and registered
     command_line = {s for p in PATCHES if p.command_line for s in p.symbols} - {
         s for p in PATCHES if not p.command_line for s in p.symbols}
     assert originals == {s: s in command_line for s in ALL_SYMBOLS}  # a plain Python process

@@ -11,9 +11,10 @@ When they are installed:
 - by fairseq loading the plugin: ``--user-dir fairseq_dnas`` imports
   ``fairseq_dnas.tasks`` and ``fairseq_dnas.models``, whose ``__init__``
   calls ``install()``;
-- by ``import fairseq_dnas.plugin`` (what ``--user-dir`` does, for a process
-  that imported ``fairseq_dnas`` before fairseq read its ``--user-dir``:
-  fairseq then only logs "already imported" and registers nothing);
+- by ``import fairseq_dnas.plugin`` (what ``--user-dir`` does; for a process
+  that imported ``fairseq_dnas`` before fairseq read its ``--user-dir``,
+  fairseq only checks the package's ``__path__``, which then imports the
+  plugin: ``fairseq_dnas/__init__.py``);
 - by an explicit ``fairseq_dnas.fairseq_patches.install()``.
 
 Never by importing ``fairseq_dnas``, ``fairseq_dnas.nn``,
