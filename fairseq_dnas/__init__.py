@@ -29,3 +29,31 @@ def __getattr__(name):
 
         return getattr(attention, name)
     raise AttributeError(f"module 'fairseq_dnas' has no attribute {name!r}")
+
+
+class _PackagePath(list):
+    """This package's ``__path__``, which also hears fairseq's ``--user-dir``.
+
+    fairseq's ``utils.import_user_module`` (``--user-dir fairseq_dnas``, the
+    hub's ``from_pretrained(..., user_dir=...)``) imports nothing for a user
+    dir whose package is already in ``sys.modules``: it only checks
+    ``module_path in sys.modules["fairseq_dnas"].__path__`` and logs "has
+    already been imported". After a torch-only import of this package (say
+    ``fairseq_dnas.hf``), ``user_dir=`` thus registered nothing, and under
+    torch >= 2.6 the load ended in an ``UnpicklingError`` from torch. That
+    one check, made from ``import_user_module`` on this package's own
+    folder, now imports ``fairseq_dnas.plugin``: what the user dir asked for.
+    Every other use of ``__path__`` is a plain list's."""
+
+    def __contains__(self, item):
+        found = list.__contains__(self, item)
+        if found:
+            import sys
+
+            caller = sys._getframe(1)
+            if caller.f_code.co_name == "import_user_module" and caller.f_globals.get("__name__") == "fairseq.utils":
+                import fairseq_dnas.plugin  # noqa: F401  (models, tasks, the patches)
+        return found
+
+
+__path__ = _PackagePath(__path__)

@@ -15,6 +15,7 @@ architecture, a missing BPE file).
 import logging
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -384,6 +385,7 @@ def test_from_pretrained_missing_bpe_file_is_one_line(trained, tmp_path):
      ["its parameters do not fit the model being built", "another architecture"]),
 ])
 def test_bad_inputs_end_in_one_line(trained, tmp_path, flags, words):
+    flags_given = list(flags)
     flags = [str(trained["transformer"]) if f == "TRANSFORMER" else f for f in flags]
     proc = run(["fairseq-train", trained["bin"], "--user-dir", USER_DIR, *SIZES, *TRAIN, *flags, "--max-update", "1",
                 "--save-dir", tmp_path / "save"], check=False)
@@ -392,3 +394,10 @@ def test_bad_inputs_end_in_one_line(trained, tmp_path, flags, words):
     assert last.startswith("error: ") and all(w in last for w in words), last
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "save" / "checkpoint_last.pt").exists()
+    if "TRANSFORMER" in flags_given:  # no "created ... hybrid_logit tensors" before it; whole key names only
+        assert "hybrid_logit tensors" not in proc.stdout + proc.stderr
+        named = re.findall(r"(?:missing|unexpected) keys ([^;]+)", last)
+        assert named, last
+        for keys in named:
+            for key in re.sub(r", \.\.\. \(\d+ in all\)$", "", keys.strip()).split(", "):
+                assert re.fullmatch(r"[a-z_0-9]+(\.[a-z_0-9]+)+", key), (key, last)

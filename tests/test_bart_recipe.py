@@ -138,6 +138,7 @@ def test_finetune_then_summarize_and_score(corpus, prepared, pretrained, tmp_pat
     assert len(hyp.read_text().splitlines()) == 5
     rouge = json.loads((tmp_path / "test.hyp.rouge.json").read_text())
     assert rouge["sentences"] == 5 and 0 <= rouge["stemmed"]["rouge1"]["fmeasure"]["mean"] <= 100
+    assert 0 <= rouge["stemmed"]["rougeLsum"]["fmeasure"]["mean"] <= 100
 
     # a fresh interpreter that never imported the plugin: user_dir= makes the architecture known
     code = ("import sys; from fairseq.models.bart import BARTModel; "
@@ -158,6 +159,24 @@ def test_finetune_then_summarize_and_score(corpus, prepared, pretrained, tmp_pat
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     one_error_line(proc, "encoder.json: no such BPE file (gpt2_encoder_json)", "pass gpt2_encoder_json=PATH")
     assert not (tmp_path / "x.hyp").exists()
+
+
+def test_summarize_with_a_missing_data_folder_is_one_line(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(BART, "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"x")
+    (tmp_path / "test.source").write_text("an article\n")
+    with pytest.raises(SystemExit) as exit_:
+        summarize.main(["--model-dir", str(tmp_path), "--data", str(tmp_path / "cnn_dm-bin"), "--source",
+                        str(tmp_path / "test.source"), "--out", str(tmp_path / "test.hyp"),
+                        "--gpt2-encoder-json", "e.json", "--gpt2-vocab-bpe", "v.bpe"])
+    message = str(exit_.value.code)
+    assert message == (f"[summarize] error: {tmp_path / 'cnn_dm-bin'}: no such data folder (--data: the binarized "
+                       "data of the fine-tuning, whose dict.source.txt / dict.target.txt the model was trained with)")
+    assert not (tmp_path / "test.hyp").exists()
 
 
 @pytest.mark.parametrize("extra,words", [
@@ -207,6 +226,29 @@ def test_hnas_distance_grows_from_u_near_zero_to_dnas(prepared, pretrained, tmp_
     proc = subprocess.run([sys.executable, os.path.join(BART, "hnas_distance.py"), "--checkpoint", pretrained,
                            "--data", prepared, "--u", "0"], capture_output=True, text=True)
     one_error_line(proc, "--u 0.0: give values in (0, 1]")
+
+
+@pytest.mark.full
+def test_hnas_distance_truncates_long_sources_as_fine_tuning_does(prepared, pretrained, tmp_path):
+    """A source longer than the model's positions (256 here, 1,024 for BART):
+    fine-tuning truncates it (--truncate-source); the script too, instead of
+    an IndexError in the position embedding."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    long_source = " ".join(WORDS * 6)  # about 600 bytes: 600 byte-level BPE ids
+    for side, lines in (("source", [long_source, "the mayor said"]), ("target", ["the mayor", "the mayor"])):
+        (raw / f"valid.bpe.{side}").write_text("".join(" ".join(str(b) for b in line.encode()) + "\n"
+                                                       for line in lines))
+    run(["fairseq-preprocess", "--source-lang", "source", "--target-lang", "target", "--validpref",
+         raw / "valid.bpe", "--destdir", tmp_path / "bin", "--srcdict", prepared / "dict.source.txt",
+         "--tgtdict", prepared / "dict.target.txt", "--workers", "1"])
+    proc = subprocess.run([sys.executable, os.path.join(BART, "hnas_distance.py"), "--checkpoint", pretrained,
+                           "--data", tmp_path / "bin", "--split", "valid", "--sentences", "2", "--u", "0.5"],
+                          capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["sentences"] == 2 and row["enc_rel"] > 0
 
 
 def test_experiment_table_from_results(tmp_path):

@@ -151,21 +151,24 @@ def test_user_dir_installs_every_patch_of_the_table():
     assert result["registered"] == [True, True, True]
 
 
-def test_user_dir_after_a_torch_only_import_needs_the_plugin_import():
-    """fairseq registers nothing for a --user-dir whose package is already
-    imported; ``import fairseq_dnas.plugin`` does what --user-dir would."""
+def test_user_dir_after_a_torch_only_import_registers_the_plugin():
+    """fairseq imports nothing for a --user-dir whose package is already
+    imported; the package's __path__ hears that check and imports
+    ``fairseq_dnas.plugin``, what --user-dir asks for. Without --user-dir
+    nothing is registered."""
     result = _python(f'''
         import argparse
         import fairseq_dnas.nn
         from fairseq import utils
         from fairseq.models import ARCH_MODEL_REGISTRY
+        before = "transformer_hnas" in ARCH_MODEL_REGISTRY
+        utils.import_user_module(argparse.Namespace(user_dir=None))
+        without = "transformer_hnas" in ARCH_MODEL_REGISTRY
         utils.import_user_module(argparse.Namespace(user_dir={USER_DIR!r}))
-        alone = "transformer_hnas" in ARCH_MODEL_REGISTRY
-        import fairseq_dnas.plugin
-        print(json.dumps([alone, "transformer_hnas" in ARCH_MODEL_REGISTRY, state()[0]]))
+        print(json.dumps([before, without, "transformer_hnas" in ARCH_MODEL_REGISTRY, state()[0]]))
     ''')
-    alone, registered, originals = result
-    assert not alone and registered
+    before, without, registered, originals = result
+    assert not before and not without and registered
     command_line = {s for p in PATCHES if p.command_line for s in p.symbols} - {
         s for p in PATCHES if not p.command_line for s in p.symbols}
     assert originals == {s: s in command_line for s in ALL_SYMBOLS}  # a plain Python process
@@ -210,11 +213,13 @@ def test_installing_twice_wraps_once():
     result = _python('''
         from fairseq_dnas import fairseq_patches
         from fairseq_dnas.fairseq_patches import (atomic_copy, bpe_files, checkpoint_load, exact_resume,
-                                                  file_checks, is_patched, numpy_alias)
+                                                  file_checks, inference_batches, is_patched, ngram_block,
+                                                  numpy_alias, restore_file)
         fairseq_patches.install(command_line=True)
         first = {s: unbound(s) for s in symbols()}
         fairseq_patches.install(command_line=True)
-        for module in (checkpoint_load, atomic_copy, numpy_alias, exact_resume, bpe_files, file_checks):
+        for module in (checkpoint_load, atomic_copy, numpy_alias, exact_resume, bpe_files, inference_batches,
+                       ngram_block, restore_file, file_checks):
             module.install()
         file_checks.install_excepthook()
         inner_patched = {}

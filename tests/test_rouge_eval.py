@@ -111,7 +111,7 @@ def test_cli_json_and_table(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # exactly one JSON object
     assert result["sentences"] == 2 and result["label"] == "x"
-    assert set(result["stemmed"]) == {"rouge1", "rouge2", "rougeL"}
+    assert set(result["stemmed"]) == {"rouge1", "rouge2", "rougeL", "rougeLsum"}
     assert f1(result, "rouge1") == pytest.approx(80.0)
     out = tmp_path / "r.json"
     proc = run_script("rouge_eval.py", "--hyp", hyp, "--ref", ref, "--json-out", out)
@@ -180,3 +180,56 @@ def test_seed_table_mean_and_standard_error(tmp_path):
     # R-1: mean 32, sd 2, s.e. 2/sqrt(3) = 1.15; R-2 mean 11, sd 1, s.e. 0.58.
     assert rows[0] == "| UNAS encoder (baseline) | 3 | 32.00 ± 1.15 | 11.00 ± 0.58 | 29.00 ± 0.58 |"
     assert rows[1].startswith("| lead-8 | 1 | 21.30 [20.43, 22.18] |")
+
+
+# ------------------------------------------------------------- ROUGE-Lsum
+
+def test_rouge_lsum_is_the_summary_level_lcs_over_sentences(monkeypatch):
+    """Two sentences in swapped order: ROUGE-L (one LCS over the whole text)
+    finds half of them, ROUGE-Lsum (the union LCS per reference sentence)
+    all; nothing is downloaded for the split."""
+    import nltk
+
+    monkeypatch.setattr(nltk, "download", lambda *a, **k: pytest.fail("ROUGE-Lsum must not download"))
+    ref = "The cat sat on the mat. A dog ran off quickly."
+    hyp = "A dog ran off quickly. The cat sat on the mat."
+    assert rouge_eval.split_sentences(ref) == "The cat sat on the mat.\nA dog ran off quickly."
+    result = rouge_eval.evaluate([hyp], [[ref]], samples=10)
+    assert f1(result, "rougeL") == pytest.approx(600 / 11, abs=1e-3)  # LCS "the cat sat on the mat": 6 of 11
+    assert f1(result, "rougeLsum") == pytest.approx(100.0)
+    assert f1(result, "rouge1") == pytest.approx(100.0)
+
+
+def test_rouge_lsum_matches_rouge_score_on_newline_separated_sentences():
+    """Texts that hold newlines keep their lines as the sentences (no
+    splitter runs: "mr." stays inside its sentence); the figure is
+    rouge-score's own rougeLsum of the same text; ROUGE-1/2/L do not move."""
+    ref = "mr. smith went to washington\nhe met the president there"
+    hyp = "the president met mr. smith\nsmith went to washington"
+    assert rouge_eval.split_sentences(ref) == ref
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)
+    want = scorer.score(ref, hyp)
+    got = rouge_eval.sentence_scores([hyp], [[ref]], use_stemmer=True)[0]
+    for a, t in enumerate(rouge_eval.TYPES):
+        assert got[a, 2] == pytest.approx(want[t].fmeasure), t
+    assert want["rougeLsum"].fmeasure != want["rougeL"].fmeasure
+    one_line = rouge_eval.sentence_scores([hyp.replace("\n", " ")], [[ref.replace("\n", " ")]], use_stemmer=True)[0]
+    assert np.allclose(one_line[:3], got[:3])  # the split only reaches ROUGE-Lsum
+
+
+def test_the_sentence_split_keeps_abbreviations_initials_and_lower_cased_headlines():
+    text = ('Mr. Smith met the U.S. envoy on Jan. 5. "It went well," he said. J. Doe agreed! '
+            '3 people left? Then it ended.')
+    assert rouge_eval.split_sentences(text).split("\n") == [
+        "Mr. Smith met the U.S. envoy on Jan. 5.", '"It went well," he said.', "J. Doe agreed!", "3 people left?",
+        "Then it ended."]
+    for headline in ("u.s. to urge u.n. to lift sanctions against iraq", "sri lanka vs. new zealand scoreboard",
+                     "stocks end lower . dollar up"):
+        assert rouge_eval.split_sentences(headline) == headline
+
+
+def test_rouge_lsum_equals_rouge_l_on_headlines():
+    hyps = ["police arrest man over killing", "u.s. stocks fall on wall street"]
+    refs = ["man arrested in killing of police officer", "u.s. stocks fall sharply"]
+    result = rouge_eval.evaluate(hyps, [refs], samples=10)
+    assert result["stemmed"]["rougeLsum"] == result["stemmed"]["rougeL"]

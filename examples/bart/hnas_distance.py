@@ -41,10 +41,19 @@ def swap_encoder_attention(model, u, sinkhorn_iters=1):
     return model
 
 
-def batch(task, split, n):
+def model_positions(model_cfg):
+    """(max source positions, max target positions) of the checkpoint's model."""
+    source = getattr(model_cfg, "max_source_positions", None) or 1024
+    return int(source), int(getattr(model_cfg, "max_target_positions", None) or source)
+
+
+def batch(task, split, n, max_target):
+    """The first ``n`` pairs of ``split`` whose target fits the decoder (training
+    skips the others too); sources arrive truncated by the task."""
     task.load_dataset(split)
     data = task.dataset(split)
-    return data.collater([data[i] for i in range(min(n, len(data)))])
+    items = [data[i] for i in range(len(data)) if len(data[i]["target"]) <= max_target][:n]
+    return data.collater(items)
 
 
 @torch.no_grad()
@@ -76,13 +85,20 @@ def main(argv=None):
 
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-    # The data's task (translation), whatever task the checkpoint was trained
-    # with (bart.large: denoising); BART's upgrade drops the <mask> row.
-    task = TranslationTask.setup_task(TranslationConfig(data=a.data, source_lang=a.source_lang,
-                                                        target_lang=a.target_lang, dataset_impl=None,
-                                                        required_seq_len_multiple=1, train_subset="train"))
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(a.checkpoint)
+    except BadFile as err:
+        sys.exit(f"[hnas_distance] error: {err}")
+    # The data's task (translation), whatever task the checkpoint was trained
+    # with (bart.large: denoising); BART's upgrade drops the <mask> row. Sources
+    # are truncated to the model's positions as fine-tuning does (--truncate-source).
+    max_source, max_target = model_positions(state["cfg"].model)
+    task = TranslationTask.setup_task(TranslationConfig(data=a.data, source_lang=a.source_lang,
+                                                        target_lang=a.target_lang, dataset_impl=None,
+                                                        required_seq_len_multiple=1, train_subset="train",
+                                                        truncate_source=True, max_source_positions=max_source,
+                                                        max_target_positions=max_target))
+    try:
         base = task.build_model(state["cfg"].model)
         base.load_state_dict(state["model"], strict=True, model_cfg=state["cfg"].model)
     except BadFile as err:
@@ -91,7 +107,7 @@ def main(argv=None):
         sys.exit(f"[hnas_distance] error: {a.checkpoint}: does not fit the dictionaries of {a.data} "
                  f"({str(err).splitlines()[0]})")
     torch.manual_seed(0)
-    sample = batch(task, a.split, a.sentences)
+    sample = batch(task, a.split, a.sentences, max_target)
     base = base.eval()
     if getattr(base.encoder.layers[0].self_attn, "scheme", "unas") != "unas":
         sys.exit("[hnas_distance] error: give the softmax checkpoint (the one HNAS starts from)")

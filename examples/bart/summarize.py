@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Summarize a source file with a fine-tuned BART (softmax, DNAS or HNAS
-encoder) through fairseq's hub interface, then score ROUGE with the
-project's scorer (``fairseq_dnas.commands.rouge_eval``).
+encoder) through fairseq's hub interface, then score ROUGE-1/2/L/Lsum with
+the project's scorer (``fairseq_dnas.commands.rouge_eval``; ROUGE-Lsum is
+what CNN/DailyMail and XSum results are published in).
 
     python examples/bart/summarize.py --model-dir checkpoints/bart/bart_hnas_large \\
         --checkpoint checkpoint_best.pt --data cnn_dm-bin \\
@@ -12,8 +13,10 @@ This is ``BARTModel.from_pretrained(model_dir, checkpoint_file=...,
 data_name_or_path=data, user_dir=<the plugin>, bpe=...)`` and ``sample()``
 with the settings of fairseq's CNN/DailyMail recipe by default (beam 4,
 lenpen 2.0, max_len_b 140, min_len 55, no_repeat_ngram_size 3; XSum: beam 6,
-lenpen 1.0, max_len_b 60, min_len 10). A missing checkpoint, dictionary or
-BPE file is one line naming it. The hypotheses are written under a temporary
+lenpen 1.0, max_len_b 60, min_len 10). The trigram blocking needs the
+plugin's ``ngram_block`` patch (installed by the plugin import below): without
+it fairseq's Python blocker blocks nothing. A missing checkpoint, data folder,
+dictionary or BPE file is one line naming it. The hypotheses are written under a temporary
 name and renamed when all are done; ``--reference`` adds OUT.rouge.json.
 """
 
@@ -69,6 +72,9 @@ def main(argv=None):
             raise SystemExit(f"[summarize] error: {path}: no such {what}")
     if a.reference and not os.path.isfile(a.reference):
         raise SystemExit(f"[summarize] error: {a.reference}: no such reference file")
+    if not os.path.isdir(a.data):
+        raise SystemExit(f"[summarize] error: {a.data}: no such data folder (--data: the binarized data of the "
+                         "fine-tuning, whose dict.source.txt / dict.target.txt the model was trained with)")
     kwargs = bpe_kwargs(a)
     import torch
     from fairseq.models.bart import BARTModel

@@ -3,7 +3,7 @@
 ``fairseq-dnas-<name>`` (setup.py; ``_`` becomes ``-``):
 
 Scoring and tables
-- ``rouge_eval``: ROUGE-1/2/L F1 of a hypothesis file against references.
+- ``rouge_eval``: ROUGE-1/2/L/Lsum F1 of a hypothesis file against references.
 - ``bleu_eval``: sacreBLEU BLEU and chrF of a hypothesis file.
 - ``lead_baseline``: the Lead-N summarization baseline.
 - ``seed_table``: the paper's Table 3 form, mean ± standard error over
@@ -26,7 +26,7 @@ Steps the recipes under examples/ run for themselves are in
 
 # name -> what it does: the console scripts of setup.py and tests/test_layout.py
 COMMANDS = {
-    "rouge_eval": "ROUGE-1/2/L F1 of a hypothesis file",
+    "rouge_eval": "ROUGE-1/2/L/Lsum F1 of a hypothesis file",
     "bleu_eval": "sacreBLEU BLEU and chrF of a hypothesis file",
     "lead_baseline": "the Lead-N summarization baseline",
     "seed_table": "ROUGE table, mean ± standard error over seeds",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""ROUGE-1/2/L F1 of a hypothesis file against one or more reference files.
+"""ROUGE-1/2/L/Lsum F1 of a hypothesis file against one or more reference files.
 
     python -m fairseq_dnas.commands.rouge_eval --hyp test.hyp --ref raw/test.title
     python -m fairseq_dnas.commands.rouge_eval --hyp duc.hyp --ref ref0 --ref ref1 --ref ref2 --ref ref3 --json
@@ -21,6 +21,22 @@ exception list, and the Perl script rounds per-sentence figures and
 resamples differently for its interval. Expect agreement to within a few
 tenths of a point, not to the last digit; compare systems with the same tool.
 
+ROUGE-Lsum (rouge-score's ``rougeLsum``) is the summary-level LCS over
+sentences, what CNN/DailyMail and XSum results are reported in (fairseq's
+``files2rouge``, Hugging Face's ``run_summarization.py``). It needs the
+sentences of each summary: a text holding newlines is split at them (one
+sentence a line); a text without any (a line of a hypothesis or reference
+file) is split by ``split_sentences``: a sentence ends at ``.``, ``!`` or
+``?`` followed by white space and a capital letter or a digit, unless the
+word before the period is a known abbreviation ("Mr.", "U.S.", "Jan.", ...)
+or an initial. This is a small rule of our own, offline and deterministic:
+the usual splitter, NLTK's trained Punkt model (``nltk.sent_tokenize``,
+rouge-score's ``split_summaries=True``), is a download, and Punkt without
+its model splits after every "u.s." of a lower-cased headline. On
+lower-cased, one-sentence outputs (Gigaword headlines) ROUGE-Lsum therefore
+equals ROUGE-L. ROUGE-1/2/L are unchanged by the splitting (newlines are
+white space to rouge-score's tokenizer).
+
 Several ``--ref`` (multi-reference sets, DUC-2004 has 4): each sentence's
 score is the mean of its scores against each reference (``--multi-ref mean``,
 close to Perl's default ``-f A``) or the best one (``--multi-ref max``, what
@@ -31,12 +47,13 @@ to 75 bytes first, as Perl ``-b 75`` does for DUC-2004.
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
 from rouge_score import rouge_scorer
 
-TYPES = ("rouge1", "rouge2", "rougeL")
+TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 PARTS = ("precision", "recall", "fmeasure")
 
 
@@ -51,17 +68,52 @@ def truncate_bytes(text, limit):
     return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
 
 
+# Words that end in a period without ending a sentence (compared lower-cased,
+# without their final period); single letters (initials: "J. Smith") too.
+ABBREVIATIONS = frozenset("""
+    mr mrs ms messrs dr prof sr jr st mt rev hon pres gov gen sen rep col lt sgt capt cmdr adm maj supt det insp
+    jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu thur thurs fri sat sun
+    inc corp co ltd bros no nos vs etc al approx dept est fig vol e.g i.e u.s u.k u.n e.u a.m p.m
+""".split())
+# A candidate boundary: white space after . ! or ? (and any closing quotes or
+# brackets), before a capital letter or a digit (after any opening quotes).
+_BOUNDARY = re.compile(r"""(?<=[.!?])["'\u201d\u2019)\]]*\s+(?=["'\u201c\u2018(\[]*[A-Z0-9])""")
+
+
+def split_sentences(text):
+    """The sentences of ``text`` joined by newlines, as ``rougeLsum`` reads
+    them. A text with several lines keeps its lines. Otherwise a sentence
+    ends at . ! or ? followed by white space and a capital letter or a digit,
+    unless the word before the period is in ``ABBREVIATIONS`` or a single
+    letter. Lower-cased text (Gigaword's headlines) is therefore one sentence."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        return "\n".join(lines)
+    text, sentences, start = lines[0], [], 0
+    for m in _BOUNDARY.finditer(text):
+        before = text[start:m.start()].rstrip("\"'\u201d\u2019)]")
+        if before.endswith("."):
+            word = before[:-1].split()[-1].lower() if before[:-1].split() else ""
+            if word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+                continue
+        sentences.append(text[start:m.start()].strip() + m.group(0).strip())
+        start = m.end()
+    sentences.append(text[start:].strip())
+    return "\n".join(s for s in sentences if s)
+
+
 def sentence_scores(hyps, refs_list, use_stemmer, multi_ref="mean"):
-    """(N, 3 types, 3 parts) array of per-sentence precision/recall/F1 in [0, 1].
+    """(N, len(TYPES) types, 3 parts) array of per-sentence precision/recall/F1 in [0, 1].
 
     ``refs_list`` holds one list of references per reference file."""
-    scorer = rouge_scorer.RougeScorer(list(TYPES), use_stemmer=use_stemmer)
+    scorer = rouge_scorer.RougeScorer(list(TYPES), use_stemmer=use_stemmer, split_summaries=False)
     out = np.zeros((len(hyps), len(TYPES), len(PARTS)))
     for i, hyp in enumerate(hyps):
+        hyp = split_sentences(hyp)
         per_ref = np.array([
             [[getattr(s[t], p) for p in PARTS] for t in TYPES]
-            for s in (scorer.score(refs[i], hyp) for refs in refs_list)
-        ])  # (R, 3, 3): reference, type, part
+            for s in (scorer.score(split_sentences(refs[i]), hyp) for refs in refs_list)
+        ])  # (R, types, 3): reference, type, part
         if multi_ref == "max":  # the reference with the best F1, per type
             best = per_ref[:, :, 2].argmax(axis=0)
             out[i] = per_ref[best, np.arange(len(TYPES))]
@@ -104,7 +156,7 @@ def format_table(result):
     lines = [f"{result['sentences']} sentences, {result['references']} reference(s); "
              f"ROUGE F1 (%), mean [95% bootstrap interval]"]
     for name in ("stemmed", "unstemmed"):
-        cells = [f"{t.upper().replace('ROUGE', 'R-')} {r['fmeasure']['mean']:.2f} "
+        cells = [f"{t.upper().replace('ROUGE', 'R-').replace('LSUM', 'Lsum')} {r['fmeasure']['mean']:.2f} "
                  f"[{r['fmeasure']['low']:.2f}, {r['fmeasure']['high']:.2f}]"
                  for t, r in result[name].items()]
         lines.append(f"  {name:<9}  " + "   ".join(cells))

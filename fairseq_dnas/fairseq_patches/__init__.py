@@ -11,9 +11,10 @@ When they are installed:
 - by fairseq loading the plugin: ``--user-dir fairseq_dnas`` imports
   ``fairseq_dnas.tasks`` and ``fairseq_dnas.models``, whose ``__init__``
   calls ``install()``;
-- by ``import fairseq_dnas.plugin`` (what ``--user-dir`` does, for a process
-  that imported ``fairseq_dnas`` before fairseq read its ``--user-dir``:
-  fairseq then only logs "already imported" and registers nothing);
+- by ``import fairseq_dnas.plugin`` (what ``--user-dir`` does; for a process
+  that imported ``fairseq_dnas`` before fairseq read its ``--user-dir``,
+  fairseq only checks the package's ``__path__``, which then imports the
+  plugin: ``fairseq_dnas/__init__.py``);
 - by an explicit ``fairseq_dnas.fairseq_patches.install()``.
 
 Never by importing ``fairseq_dnas``, ``fairseq_dnas.nn``,
@@ -100,6 +101,31 @@ PATCHES = (
         "--bpe, fairseq#2874) fails deep in the BPE reader; it is now BadFile('<path>: no such BPE file; "
         "pass <keyword>=PATH ...') naming what to pass (from_pretrained and the commands)",
         "bpe_files:install",
+    ),
+    Patch(
+        "inference_batches",
+        ("fairseq.data.data_utils.batch_by_size", "fairseq.trainer.Trainer.get_valid_iterator"),
+        "batch_by_size ends 'if bsz_mult > 1 and len(b[-1]) % bsz_mult != 0: b = b[:-1]': with the default "
+        "--required-batch-size-multiple 8, fairseq-generate, fairseq-validate and the validation inside "
+        "fairseq-train silently lose their last batch; batches built in fairseq-generate / -validate and by "
+        "Trainer.get_valid_iterator now keep it (training unchanged)",
+        "inference_batches:install",
+    ),
+    Patch(
+        "ngram_block",
+        ("fairseq.ngram_repeat_block.NGramRepeatBlock._no_repeat_ngram",),
+        "the Python n-gram blocker (used without fairseq's CUDA extension) compares the last n-1 positions "
+        "of the whole token buffer ('cpu_tokens[bbsz_idx][-(self.no_repeat_ngram_size - 1) :]'), padding, "
+        "so --no-repeat-ngram-size blocks nothing; it now sees the generated tokens only",
+        "ngram_block:install",
+    ),
+    Patch(
+        "restore_file",
+        ("fairseq.checkpoint_utils.load_checkpoint",),
+        "a --restore-file naming a missing file ('checkpoint_path = cfg.restore_file') trains from random "
+        "weights after an INFO line; it is now BadFile('<path>: no such checkpoint (--restore-file) ...'); "
+        "the default checkpoint_last.pt in --save-dir still resumes or starts fresh",
+        "restore_file:install",
     ),
     Patch(
         "file_checks",

@@ -25,6 +25,7 @@ its own exceptions there.
 
 import os
 import pickle
+import re
 import struct
 import sys
 import zipfile
@@ -74,8 +75,16 @@ def _mismatch(err: BaseException) -> str:
             break
         err = err.__cause__ or err.__context__
     lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+    keys = {kind: re.findall(r'"([^"]+)"', line) for line in lines
+            for kind in ("Missing", "Unexpected") if line.startswith(f"{kind} key(s) in state_dict:")}
+    if keys:  # whole key names only, never a line cut inside one
+        parts = []
+        for kind, names in keys.items():
+            shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+            parts.append(f"{kind.lower()} keys {shown}")
+        return "; ".join(parts)
     detail = lines[0] if lines else _first_line(err)
-    return detail[:300]
+    return detail if len(detail) <= 300 else detail[:300].rsplit(" ", 1)[0] + " ..."
 
 
 def _architecture_error(path, err):

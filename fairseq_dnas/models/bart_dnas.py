@@ -33,6 +33,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq_dnas.models.transformer_dnas import (
     _scheme_defaults,
     add_scheme_args,
+    fits_but_hybrid,
     log_created_hybrid_logits,
     log_hybrid_weights,
     missing_hybrid_keys,
@@ -65,7 +66,8 @@ class BARTDNASModel(BARTModel):
     def upgrade_state_dict_named(self, state_dict, name):
         missing = missing_hybrid_keys(self, state_dict, name)
         super().upgrade_state_dict_named(state_dict, name)  # creates them (DNASMultiheadAttention)
-        log_created_hybrid_logits(missing, getattr(self.args, "hybrid_init", None))
+        log_created_hybrid_logits(missing, getattr(self.args, "hybrid_init", None),
+                                  fits=fits_but_hybrid(self, state_dict, name, missing))
 
     def attention_modules(self):
         """The encoder's DNASMultiheadAttention modules, bottom layer first."""

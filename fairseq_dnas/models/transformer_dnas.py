@@ -160,7 +160,8 @@ class TransformerDNASModel(TransformerModel):
     def upgrade_state_dict_named(self, state_dict, name):
         missing = missing_hybrid_keys(self, state_dict, name)
         super().upgrade_state_dict_named(state_dict, name)  # creates them (DNASMultiheadAttention)
-        log_created_hybrid_logits(missing, getattr(self.args, "hybrid_init", None))
+        log_created_hybrid_logits(missing, getattr(self.args, "hybrid_init", None),
+                                  fits=fits_but_hybrid(self, state_dict, name, missing))
 
     def set_num_updates(self, num_updates):
         """fairseq calls this before every training forward (``train_step``);
@@ -183,9 +184,20 @@ def missing_hybrid_keys(model, state_dict, name=""):
     return missing
 
 
-def log_created_hybrid_logits(missing, hybrid_init) -> None:
-    """One line when the HNAS logits were created rather than loaded."""
-    if missing:
+def fits_but_hybrid(model, state_dict, name, missing) -> bool:
+    """Whether ``state_dict`` (after fairseq's upgrades) has every other
+    parameter of ``model`` under ``name``: a checkpoint of the same model
+    without HNAS weights, not one of another architecture (whose load fails
+    next, naming the keys)."""
+    prefix = name + "." if name else ""
+    wanted = {prefix + key for key, _ in model.named_parameters()} - set(missing)
+    return wanted <= set(state_dict)
+
+
+def log_created_hybrid_logits(missing, hybrid_init, fits=True) -> None:
+    """One line when the HNAS logits were created rather than loaded; none
+    when the checkpoint does not fit otherwise (its load fails next)."""
+    if missing and fits:
         logger.info(
             f"the checkpoint has no HNAS weights: created {len(missing)} hybrid_logit "
             f"tensors at u = --hybrid-init {hybrid_init} (every other tensor is the checkpoint's)"
