@@ -39,7 +39,7 @@ Output: a Markdown table and, per row, a JSON line on stdout; ``--json OUT``:
 ``--deadline-s``: no case starts after it (the ones left are rows with
 ``"skipped": true``).
 
-    python benchmarks/bench_update.py --quick                       # tiny sizes, CPU, < 1 min
+    python benchmarks/bench_update.py --quick                       # tiny sizes, CPU, seconds
     python benchmarks/bench_update.py --device cuda --json update.json   # full size, fp16 (H100/H200)
     OMP_NUM_THREADS=1 python benchmarks/bench_update.py --size base --cases bart --src-lens 1024 \\
         --batch 1 --tgt-len 128 --threads 1 --rounds 3 --warmup 1  # a bart-base-shaped step on one core
@@ -261,10 +261,10 @@ def parse_args(argv):
     p.add_argument("--size", choices=("large", "base"), default="large",
                    help="BART's preset (default large; RoBERTa is always base)")
     p.add_argument("--quick", action="store_true",
-                   help="tiny models (2+1 layers, hidden 32), lengths 32 and 64, 1 round: a smoke run")
-    p.add_argument("--src-lens", help="BART source lengths (default 512,1024,2048; quick 32,64)")
-    p.add_argument("--tgt-len", type=int, help="BART target length (default 128; quick 16)")
-    p.add_argument("--roberta-len", type=int, help="RoBERTa block length (default 512; quick 64)")
+                   help="tiny models (2+1 layers, hidden 32), length 32, target 8, 1 round, 1 profiled update: a smoke run")
+    p.add_argument("--src-lens", help="BART source lengths (default 512,1024,2048; quick 32)")
+    p.add_argument("--tgt-len", type=int, help="BART target length (default 128; quick 8)")
+    p.add_argument("--roberta-len", type=int, help="RoBERTa block length (default 512; quick 32)")
     p.add_argument("--tokens", type=int,
                    help="source tokens an update; batch = tokens // length (default 8192 on cuda, 2048 on cpu, "
                         "quick 128)")
@@ -274,8 +274,8 @@ def parse_args(argv):
                    help="the encoder's attention dropout (default 0.1, as the presets train)")
     p.add_argument("--rounds", type=int, help="timed rounds (default 10 on cuda, 5 on cpu; quick 1)")
     p.add_argument("--warmup", type=int, help="untimed updates a model first (default 3 on cuda, 1 on cpu; quick 1)")
-    p.add_argument("--profile-steps", type=int, default=3,
-                   help="profiled updates a model for attention's share, median (default 3)")
+    p.add_argument("--profile-steps", type=int,
+                   help="profiled updates a model for attention's share, median (default 3; quick 1)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
     p.add_argument("--deadline-s", type=float, help="seconds after the start when no new case starts")
     p.add_argument("--json", metavar="OUT", help="write the rows here (rewritten after every case)")
@@ -285,12 +285,12 @@ def parse_args(argv):
     if not args.cases or set(args.cases) - {"bart", "roberta"}:
         p.error(f"--cases takes bart, roberta (comma-separated); got {','.join(args.cases) or 'nothing'}")
     try:
-        args.src_lens = [int(x) for x in (args.src_lens or ("32,64" if args.quick else "512,1024,2048")).split(",")]
+        args.src_lens = [int(x) for x in (args.src_lens or ("32" if args.quick else "512,1024,2048")).split(",")]
     except ValueError:
         p.error(f"--src-lens takes comma-separated integers; got {args.src_lens}")
     gpu = args.device == "cuda"
     q = args.quick
-    defaults = dict(tgt_len=16 if q else 128, roberta_len=64 if q else 512,
+    defaults = dict(tgt_len=8 if q else 128, roberta_len=32 if q else 512, profile_steps=1 if q else 3,
                     tokens=128 if q else (8192 if gpu else 2048), vocab=200 if q else 50265,
                     rounds=1 if q else (10 if gpu else 5), warmup=1 if q else (3 if gpu else 1))
     for name, value in defaults.items():

@@ -151,7 +151,7 @@ if [ "$DRY_RUN" = 1 ]; then
   if [[ " ${CHOSEN[*]} " == *" model "* ]]; then
     echo "model's cases:"
     PYTHONPATH="$ROOT:$ROOT/benchmarks${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/bench_update.py --dry-run \
-      --device cpu $MODEL_ARGS
+      --device cuda $MODEL_ARGS
   fi
   parts=()
   for step in exact breakdown short module; do
@@ -176,7 +176,7 @@ if [ -d "$WHEELS" ]; then
       exit 1
     fi
   done
-elif ! "$PYTHON" -c "import fairseq" >/dev/null 2>&1; then
+elif ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('fairseq') is None)" >/dev/null 2>&1; then
   echo "gpu_session.sh: no wheel folder $WHEELS and $PYTHON has no fairseq; put the wheels there (see this script's header) or run scripts/install.sh and set PYTHON=.venv/bin/python" >&2
   exit 1
 fi
