@@ -36,6 +36,7 @@ Output: a Markdown table and, per row, a JSON line on stdout; ``--json OUT``:
 ``{"machine", "settings", "rows"}``, rewritten after every case, one row per
 (model, source length): ``{"part": "model", "arch", "baseline", "src_len",
 "ratio", "attention_share", ...}`` with the ms fields beside.
+On CUDA at full size it prints each of ``TARGETS`` as met or missed.
 ``--deadline-s``: no case starts after it (the ones left are rows with
 ``"skipped": true``).
 
@@ -65,6 +66,9 @@ from bench_model import build_models, synthetic_batch
 from bench_roberta import build as build_roberta
 from bench_roberta import masked_batch, update
 
+# (arch, source length) -> the limit of the ratio on CUDA (fp16, H100/H200); printed as met or not there
+TARGETS = {("bart_dnas_large", 1024): 1.12, ("bart_hnas_large", 1024): 1.20,
+           ("roberta_dnas_base", 512): 1.10, ("roberta_hnas_base", 512): 1.15}
 ATTENTION_RANGE = "encoder_self_attention"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 # model name -> arch pattern (SIZE: large/base for bart, base for roberta)
@@ -361,6 +365,11 @@ def main(argv=None) -> int:
                   f"{r['ratio']:.3f} | {r['attention_share']:.1%} | {r['baseline_attention_share']:.1%} |")
     print(f"({'process CPU time, float32' if args.device == 'cpu' else 'wall clock, float16'}; "
           f"{time.monotonic() - t0:.0f} s)")
+    for r in rows:
+        limit = TARGETS.get((r.get("arch"), r["src_len"]))
+        if limit is not None and not r.get("skipped") and args.device == "cuda" and not args.quick:
+            print(f"target {r['arch']} at {r['src_len']}: x{r['ratio']:.3f} of {r['baseline']} (target {limit}): "
+                  f"{'met' if r['ratio'] <= limit else 'MISSED'}")
     write(args.json, args, rows)
     return 0
 

@@ -258,7 +258,7 @@ PY
     [ "$rc" -eq 0 ] || failed+=("$step")
     case "$step" in
       kernels|lean) grep '^lean: ' "$OUT/$step.log" || true ;;
-      model) grep '^| ' "$OUT/model.log" || true ;;
+      model) grep -E "^\| |^target " "$OUT/model.log" || true ;;
       exact) echo "exact: $(grep -c '"ok": true' "$OUT/exact.log") configurations ok," \
                   "$(grep -c '"ok": false' "$OUT/exact.log") not" ;;
       breakdown) grep '(all kernels)' "$OUT/breakdown.log" || true ;;
