@@ -27,8 +27,9 @@ the models in float16 (as ``fairseq-train --fp16`` does), CPU in float32.
 replaces), from the torch profiler. A range (``record_function``) covers each
 module's forward; the backward nodes of the operators run inside it are found
 by their sequence numbers (``autograd::engine::evaluate_function: ...``).
-Shares are of the profiled update's time: the CPU time of the operators on
-CPU, the GPU kernels' time on CUDA. ``baseline_attention_share`` is the same
+Shares are of the profiled update's time: the operators' elapsed time on
+their thread on CPU, the GPU kernels' time on CUDA (``profiled_*_ms``, the
+median of ``--profile-steps`` updates, each term on its own). ``baseline_attention_share`` is the same
 for the softmax model; with the baseline's share s and the kernels alone at
 x SDPA, the update costs about 1 + s (x - 1).
 
@@ -229,7 +230,10 @@ def time_case(args, family, src_len, models, archs, sample):
             "ms": 1e3 * (t["cpu_median_s"] if cpu else t["median_s"]),
             "baseline_ms": 1e3 * (b["cpu_median_s"] if cpu else b["median_s"]),
             "wall_ms": 1e3 * t["median_s"], "baseline_wall_ms": 1e3 * b["median_s"],
-            "attention_ms": shares[name][1] / 1e3, "baseline_attention_ms": shares[baseline][1] / 1e3,
+            # the profiler's own times (CPU: elapsed on the thread; CUDA: GPU kernels), the share's terms
+            "profiled_attention_ms": shares[name][1] / 1e3, "profiled_update_ms": shares[name][2] / 1e3,
+            "baseline_profiled_attention_ms": shares[baseline][1] / 1e3,
+            "baseline_profiled_update_ms": shares[baseline][2] / 1e3,
             "measure": "cpu time" if cpu else "wall clock", "dtype": "float32" if cpu else "float16",
             "rounds": args.rounds, "profile_steps": args.profile_steps, "max_abs_diff_to_baseline": differs[name],
             "foreign_cpu_fraction": load.foreign_fraction})

@@ -128,8 +128,9 @@ def test_bench_update_smallest_command_writes_a_row_per_case(tmp_path):
         ("model", "bart_dnas_large", "bart_large", 32), ("model", "bart_hnas_large", "bart_large", 32),
         ("model", "roberta_dnas_base", "roberta_base", 32), ("model", "roberta_hnas_base", "roberta_base", 32)]
     for r in rows:
-        assert all(_positive(r[k]) for k in ("ratio", "wall_ratio", "ms", "baseline_ms", "attention_ms",
-                                              "baseline_attention_ms")), r
+        assert all(_positive(r[k]) for k in ("ratio", "wall_ratio", "ms", "baseline_ms", "profiled_attention_ms",
+                                              "profiled_update_ms", "baseline_profiled_attention_ms")), r
+        assert r["profiled_attention_ms"] < r["profiled_update_ms"], r
         assert 0 < r["attention_share"] < 1 and 0 < r["baseline_attention_share"] < 1, r
         assert r["max_abs_diff_to_baseline"] > 0 and r["dtype"] == "float32" and r["measure"] == "cpu time"
     assert rows[0]["tgt_len"] == 8 and rows[2]["tgt_len"] is None
