@@ -61,11 +61,9 @@ import warnings
 import torch
 
 import bench_common as common
-from bench_discrete import set_device  # --device: common.DEVICE; cuda without a GPU is a usage error
-from bench_hf import timed_rounds  # wall and CPU time, interleaved
-from bench_model import build_models, synthetic_batch
-from bench_roberta import build as build_roberta
-from bench_roberta import masked_batch, update
+
+# The models' helpers (bench_model, bench_roberta, bench_hf: fairseq and the whole benchmark) are imported
+# where they are used, so that --help, --dry-run and bad arguments answer at once.
 
 # (arch, source length) -> the limit of the ratio on CUDA (fp16, H100/H200); printed as met or not there
 TARGETS = {("bart_dnas_large", 1024): 1.12, ("bart_hnas_large", 1024): 1.20,
@@ -172,6 +170,8 @@ def bart_models(args, extra):
     of ``BART`` with the same weights, positions for the longest source."""
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
+    from bench_model import build_models
+
     archs = {name: pattern.format(size=args.size) for name, pattern in BART.items()}
     positions = ["--max-source-positions", str(max(1024, *args.src_lens)),
                  "--max-target-positions", str(max(1024, args.tgt_len))]
@@ -181,12 +181,17 @@ def bart_models(args, extra):
 
 
 def roberta_models(args, extra):
+    from bench_roberta import build as build_roberta
+
     models, d = build_roberta("base", args.vocab, args.roberta_len, extra)
     return models, {n: f"{a}_base" for n, a in ROBERTA_NAMES.items()}, d
 
 
 def sample_of(args, family, d, length):
     """A batch of ``args.batch_for(length)`` sequences for the family's task."""
+    from bench_model import synthetic_batch
+    from bench_roberta import masked_batch
+
     if family == "bart":
         return synthetic_batch(d, args.batch_for(length), length, args.tgt_len)
     return masked_batch(d, args.batch_for(length), length)
@@ -208,6 +213,9 @@ def check_schemes_run(models, sample, baseline):
 
 
 def time_case(args, family, src_len, models, archs, sample):
+    from bench_hf import timed_rounds  # wall and CPU time, interleaved
+    from bench_roberta import update  # forward, backward, Adam step (fused on CUDA)
+
     baseline = next(iter(models))
     differs = check_schemes_run(models, sample, baseline)
     runs = {name: update(m, c, sample) for name, (m, c) in models.items()}
@@ -313,8 +321,10 @@ def parse_args(argv):
         p.error("--warmup takes >= 0, every source length and --tgt-len >= 4")
     if not 0 <= args.attention_dropout < 1:
         p.error(f"--attention-dropout takes a probability in [0, 1); got {args.attention_dropout}")
-    if not args.dry_run:
-        set_device(p, args)
+    if not args.dry_run:  # common.DEVICE, read by the bench_* helpers
+        if args.device == "cuda" and not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device")
+        common.DEVICE = torch.device(args.device)
     args.batch_for = lambda length: args.batch or max(1, args.tokens // length)
     return args
 

@@ -102,7 +102,7 @@ def test_two_stream_parameters_take_the_transformers_of_the_same_name():
     assert transformer_name("encoder.layers.0.self_attn.q_proj.weight") == "encoder.layers.0.self_attn.q_proj.weight"
 
 
-@pytest.mark.parametrize("script", ["bench_two_stream.py", "bench_discrete.py", "bench_roberta.py"])
+@pytest.mark.parametrize("script", ["bench_two_stream.py", "bench_discrete.py", "bench_roberta.py", "bench_update.py"])
 @NO_GPU
 def test_device_cuda_without_a_gpu_is_a_usage_error(script):
     proc = _script(script, "--device", "cuda", check=False)
