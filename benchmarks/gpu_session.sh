@@ -72,7 +72,7 @@ T_BENCHMARK="${T_BENCHMARK:-600}"
 T_MASK="${T_MASK:-120}"
 T_TRAIN="${T_TRAIN:-600}"
 BREAKDOWN_STEPS="${BREAKDOWN_STEPS:-20}"   # profiled steps a case
-MODEL_ARGS="${MODEL_ARGS:---rounds 10 --warmup 3}"   # bench_update.py's settings beside --device cuda
+MODEL_ARGS="${MODEL_ARGS:---src-lens 1024,2048,512 --rounds 8 --warmup 2 --profile-steps 2}"  # bench_update.py: the targets first
 TESTS="${TESTS:-tests/test_triton.py tests/test_triton_short.py tests/test_lean.py tests/test_kernels.py}"
 TRAIN_DATA="${TRAIN_DATA:-data/gigaword/bin}"
 # the wheels a machine without a registry lacks (file-name patterns)
@@ -103,14 +103,17 @@ step_timeout() {
   local name="T_${1^^}"
   echo "${!name}"
 }
-# One line a step; the flags of a step are easy to change here.
+# One line a step; the flags of a step are easy to change here. $2: the step's time limit (a first step's
+# limit shrinks to what is left of FIRST_S), from which its own deadline is set.
+within() { local s=$(( $1 - $2 )); [ "$s" -ge 1 ] && echo "$s" || echo 1; }
 step_command() {
+  local limit="${2:-$(step_timeout "$1")}"
   case "$1" in
-    kernels) echo "$PYTHON benchmarks/gpu_lean.py --no-exact --dtypes float16 --heads 64 --dropouts 0 --lengths 512,1024,2048,4096 --budget-s $(( T_KERNELS - 20 )) --out $OUT/kernels" ;;
-    tiles) echo "$PYTHON benchmarks/triton_tiles.py --lean --json $OUT/tiles.json --deadline-s $(( T_TILES - 10 ))" ;;
-    model) echo "$PYTHON benchmarks/bench_update.py --device cuda $MODEL_ARGS --deadline-s $(( T_MODEL - 45 )) --json $OUT/model.json" ;;
+    kernels) echo "$PYTHON benchmarks/gpu_lean.py --no-exact --dtypes float16 --heads 64 --dropouts 0 --lengths 512,1024,2048,4096 --budget-s $(within "$limit" 20) --out $OUT/kernels" ;;
+    tiles) echo "$PYTHON benchmarks/triton_tiles.py --lean --json $OUT/tiles.json --deadline-s $(within "$limit" 10)" ;;
+    model) echo "$PYTHON benchmarks/bench_update.py --device cuda $MODEL_ARGS --deadline-s $(within "$limit" 45) --json $OUT/model.json" ;;
     exact) echo "$PYTHON benchmarks/gpu_quick.py --parts exact" ;;
-    lean) echo "$PYTHON benchmarks/gpu_lean.py --budget-s $(( T_LEAN - 40 )) --out $OUT/lean" ;;
+    lean) echo "$PYTHON benchmarks/gpu_lean.py --budget-s $(within "$limit" 40) --out $OUT/lean" ;;
     breakdown) echo "$PYTHON benchmarks/gpu_quick.py --parts breakdown --breakdown-steps $BREAKDOWN_STEPS" ;;
     short) echo "$PYTHON benchmarks/gpu_quick.py --parts kernels" ;;
     module) echo "$PYTHON benchmarks/gpu_quick.py --parts module" ;;
@@ -246,10 +249,10 @@ PY
       say "train: skipped (no TRAIN_DATA folder $TRAIN_DATA: examples/gigaword/prepare.sh's OUT_DIR/bin)"
       continue
     fi
-    say "$step (timeout $limit s): $(step_command "$step")"
+    say "$step (timeout $limit s): $(step_command "$step" "$limit")"
     rc=0
     # shellcheck disable=SC2046  # the command is words by design
-    timeout "$limit" $(step_command "$step") >"$OUT/$step.log" 2>&1 || rc=$?
+    timeout "$limit" $(step_command "$step" "$limit") >"$OUT/$step.log" 2>&1 || rc=$?
     if [ "$rc" -eq 124 ]; then
       say "$step: cut at its timeout of $limit s (the rows printed so far are in $step.log)"
     else
