@@ -115,8 +115,8 @@ class AttentionRanges:
 
 
 def event_time(e, device):
-    """An event's time with its children's, in microseconds: CPU time on CPU,
-    its GPU kernels' time on CUDA."""
+    """An event's time with its children's, in microseconds: the elapsed time
+    on its thread on CPU, its GPU kernels' time on CUDA."""
     if device == "cuda":
         return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
     return e.cpu_time_total
