@@ -3,8 +3,8 @@
 # CUDA torch and Triton). Every step runs under its own timeout, writes its
 # own log under OUT, and a failed or cut step does not stop the others.
 #
-# First, under a deadline of its own (FIRST_S, 300 s: what a short GPU
-# session must bring back):
+# First, under a deadline of its own (FIRST_S, 300 s: what a short GPU run
+# must bring back):
 #
 #   kernels    gpu_lean.py --no-exact           the lean and long kernels alone against SDPA, fp16, head size
 #                                               64, dropout 0, T 512-4,096: ms, TFLOP/s, x SDPA (kernels/lean.json)
