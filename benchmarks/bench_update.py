@@ -117,9 +117,7 @@ class AttentionRanges:
 def event_time(e, device):
     """An event's time with its children's, in microseconds: the elapsed time
     on its thread on CPU, its GPU kernels' time on CUDA."""
-    if device == "cuda":
-        return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-    return e.cpu_time_total
+    return e.device_time_total if device == "cuda" else e.cpu_time_total
 
 
 def share_of_ranges(events, device, step_name="update"):
@@ -143,9 +141,14 @@ def share_of_ranges(events, device, step_name="update"):
     backward = sum(event_time(e, device) for e in events
                    if e.name.startswith(BACKWARD_PREFIX) and e.sequence_nr in seqs)
     total = event_time(step[0], device)
-    if device == "cuda":  # the backward runs on autograd's thread, outside the update's range: all kernels count
-        total = sum(e.self_device_time_total if hasattr(e, "self_device_time_total") else e.self_cuda_time_total
-                    for e in events)
+    if device == "cuda":  # the backward runs on autograd's thread, outside the update's range: every kernel
+        # counts, once: through the host-side operator that launched it (the profiler also lists each kernel
+        # as a device-side event of its own, which is not added again)
+        from torch.autograd import DeviceType
+
+        total = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CPU)
+    if total <= 0:
+        raise RuntimeError(f"attention share: the profiled update took no {'GPU ' if device == 'cuda' else ''}time")
     return (forward + backward) / total, forward + backward, total
 
 

@@ -174,6 +174,30 @@ def test_attention_share_counts_the_ranges_forward_and_backward():
         bench_update.share_of_ranges(bare.events(), "cpu")
 
 
+def test_attention_share_on_cuda_counts_each_kernel_once():
+    """On CUDA the share is GPU-kernel time: the range's kernels (through its
+    operators) and its backward nodes' over every kernel of the update,
+    each counted through the operator that launched it and not again as the
+    device-side event the profiler also lists."""
+    from torch.autograd import DeviceType
+
+    import bench_update
+
+    def event(name, seq=-1, own=0.0, children=(), kind=DeviceType.CPU):
+        total = own + sum(c.device_time_total for c in children)
+        return SimpleNamespace(name=name, sequence_nr=seq, self_device_time_total=own, device_time_total=total,
+                               cpu_children=list(children), device_type=kind, cpu_time_total=0.0)
+
+    inside = event("aten::mm", seq=5, own=30.0)
+    events = [event("update"), event(bench_update.ATTENTION_RANGE, children=[inside]), inside,
+              event("aten::mm", seq=6, own=50.0),
+              event(bench_update.BACKWARD_PREFIX + "MmBackward0", seq=5, own=20.0),
+              event(bench_update.BACKWARD_PREFIX + "MmBackward0", seq=6, own=40.0),
+              *(event("gemm kernel", own=t, kind=DeviceType.CUDA) for t in (30.0, 50.0, 20.0, 40.0))]
+    share, attention, total = bench_update.share_of_ranges(events, "cuda")
+    assert (attention, total) == (50.0, 140.0) and share == pytest.approx(50 / 140)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--cases", "bart,t5"], "--cases takes bart, roberta"),
     (["--src-lens", "512,x"], "--src-lens takes comma-separated integers"),
