@@ -46,11 +46,20 @@ def machine():
         "cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "memory_gib": None if mem is None else round(mem / 2**30, 1),
         "torch": torch.__version__, "fairseq": fairseq.__version__, "python": platform.python_version(),
+        "triton": triton_version(), "cuda_version": torch.version.cuda,
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "triton_tiles": triton_tiles(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+
+
+def triton_version():
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
 
 
 def triton_tiles():

@@ -62,6 +62,9 @@ STAND_IN_PLAN = dict(dtypes=("float16",), heads=(16,), schemes=("dnas", "hnas"),
 # and bfloat16 at the other head size); the rest run after the timing part.
 EXACT_FIRST = (("float16", 64), ("bfloat16", 128), ("float16", 16))
 SETS = ("lean", "long", "sdpa")
+# Matrix products a score element costs in forward + backward, the algorithm's count at equal efficiency:
+# FlashAttention's 7 (S = QK^T, O = PV; backward S again, dV, dP, dQ, dK), DNAS 9, HNAS 11.
+MATMULS = {"sdpa": 7, "dnas": 9, "hnas": 11}
 BUDGET_S = 150  # default: with imports and the last configuration, under 200 s on an H200
 
 
@@ -414,6 +417,28 @@ def run_exact(results, configs, deadline):
                         ok=False, seconds=round(time.monotonic() - start, 1))
 
 
+def tflops(scheme, b, h, t, head, ms):
+    """TFLOP/s of one forward + backward: MATMULS[scheme] products of 2 x head
+    flops at each of the B x H x T x T score elements, over ``ms``."""
+    return MATMULS[scheme] * 2 * head * b * h * t * t / (ms * 1e-3) / 1e12
+
+
+def kernel_lines(rows):
+    """'lean: ' lines of the timed kernels: GPU ms, TFLOP/s, x SDPA per
+    (dtype, head, dropout, T, scheme, set)."""
+    sdpa = {(r["dtype"], r["head"], r["dropout"], r["T"]): r["gpu_ms"] for r in rows
+            if r["part"] == "time" and r["set"] == "sdpa" and r.get("gpu_ms")}
+    lines = []
+    for r in rows:
+        if r["part"] != "time" or not r.get("gpu_ms"):
+            continue
+        base = sdpa.get((r["dtype"], r["head"], r["dropout"], r["T"]))
+        ratio = f"x{r['gpu_ms'] / base:.2f} SDPA" if base else "x? SDPA"
+        lines.append(f"lean: {r['dtype']} head {r['head']} dropout {r['dropout']:g} T {r['T']} "
+                     f"{r['set']} {r['scheme']}: {r['gpu_ms']:.3f} ms, {r['tflops']:.0f} TFLOP/s, {ratio}")
+    return lines
+
+
 def run_time(results, plan, device, deadline, rounds, profile_steps):
     import torch
 
@@ -450,7 +475,9 @@ def run_time(results, plan, device, deadline, rounds, profile_steps):
                     launches = round(sum(n for n, _ in kernels.values()), 2)
                 else:  # the stand-in has no GPU kernels: its host time stands in
                     gpu, launches = ms, None
+                flops_of = "sdpa" if name == "sdpa" else scheme
                 results.add(**row, event_ms=round(ms, 4), gpu_ms=round(gpu, 4), launches=launches,
+                            tflops=round(tflops(flops_of, b, h, t, head, gpu), 2),
                             kernels=kernels, first_call_s=round(first_s, 2),
                             seconds=round(time.monotonic() - start, 1))
             except Exception as e:  # noqa: BLE001 (a row, and the run goes on)
@@ -512,7 +539,8 @@ def main(argv=None) -> int:
     from fairseq_dnas.attention.triton import lean  # noqa: F401 (import errors stop here, before any file)
 
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter: times are not a GPU's)"
-    meta = dict(device=name, versions=f"torch {torch.__version__}, triton {triton.__version__}",
+    meta = dict(device=name, versions=f"torch {torch.__version__}, triton {triton.__version__}, "
+                                      f"CUDA {torch.version.cuda}",
                 started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), budget_s=args.budget_s,
                 plan={k: list(v) if isinstance(v, tuple) else v for k, v in args.plan.items()},
                 rounds=args.rounds, profile_steps=args.profile_steps, lean_bands=list(selection.LEAN_BANDS))
@@ -530,6 +558,7 @@ def main(argv=None) -> int:
     errors = [r for r in rows if r.get("error")]
     skipped = [r for r in rows if r["part"] == "skipped"]
     bad = [r for r in exact_rows if not r.get("ok")]
+    print("\n".join(kernel_lines(rows)), flush=True)
     print(f"lean: exact {len(exact_rows) - len(bad)} of {len(exact_rows)} ok; timed {len(timed)} cases, "
           f"{len(skipped)} skipped (budget {args.budget_s:g} s), {len(errors)} errors; "
           f"{time.monotonic() - t0:.0f} s" + (f"; wrote {Path(args.out) / 'lean.json'} and lean.md" if args.out

@@ -30,7 +30,7 @@ OUT/quick.jsonl, plus OUT/quick.md):
   time the GPU waited for the host.
 
 The default parts (exact, kernels, module) take about five minutes on an
-H100, compilation included (``benchmarks/gpu_measure.sh``'s default step);
+H100, compilation included (``benchmarks/gpu_session.sh`` runs them as its steps);
 ``breakdown`` is not in the default. Needs CUDA and fairseq, except
 ``--dry-run``, which prints the plan of the chosen parts anywhere.
 
@@ -52,7 +52,7 @@ import warnings
 import torch
 
 PARTS = ("exact", "kernels", "module", "breakdown")
-DEFAULT_PARTS = ("exact", "kernels", "module")  # gpu_measure.sh's quick step
+DEFAULT_PARTS = ("exact", "kernels", "module")
 KERNEL_CASES = [(64, 64, 128, 16), (64, 128, 128, 16), (128, 128, 128, 8), (64, 1024, 8, 16)]  # (head size, T, B, H)
 MODULE = dict(dim=768, heads=12, tokens=16384, lengths=(64, 128, 512, 2048), dtypes=("float16", "bfloat16"))
 BREAKDOWN = dict(head_dim=64, T=1024, B=8, H=16)  # the kernels part's long case

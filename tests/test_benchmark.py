@@ -166,32 +166,12 @@ def test_quick_kernels_section_times_long_short_and_sdpa(tmp_path):
     assert md.returncode == 0 and "| 32 | 0.1 | hnas short |" in md.stdout, md.stdout + md.stderr[-2000:]
 
 
-GPU_MEASURE = os.path.join(ROOT, "benchmarks", "gpu_measure.sh")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-@pytest.mark.parametrize("steps,status,message", [
-    ("part1", 2, "unknown step 'part1'"),              # a typo (or an old name) lists the steps
-    ("quick", 1, "torch sees no CUDA device"),         # the default step needs a GPU, and says so
-    ("quick,tests,kernels,benchmark,tiles,mask,train", 1, "torch sees no CUDA device"),
-])
-def test_gpu_measure_names_its_steps_and_refuses_without_a_gpu(tmp_path, steps, status, message):
-    """benchmarks/gpu_measure.sh: its steps are known names; without CUDA it
-    stops before writing anything."""
-    out = tmp_path / "gpu-results"
-    proc = subprocess.run(["bash", GPU_MEASURE], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, STEPS=steps, OUT_DIR=str(out), PYTHON=sys.executable))
-    assert proc.returncode == status, proc.stdout + proc.stderr
-    assert message in proc.stderr
-    assert not out.exists()
-
-
 GPU_QUICK = os.path.join(ROOT, "benchmarks", "gpu_quick.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_gpu_quick_refuses_without_a_gpu_and_names_its_parts(tmp_path):
-    """benchmarks/gpu_quick.py (gpu_measure.sh's default step): a bad part is
+    """benchmarks/gpu_quick.py (behind gpu_session.sh): a bad part is
     a usage error naming the parts; without CUDA it exits 2 and writes nothing."""
     run = dict(cwd=ROOT, capture_output=True, text=True, timeout=120)
     bad = subprocess.run([sys.executable, GPU_QUICK, "--parts", "exact,speed"], **run)

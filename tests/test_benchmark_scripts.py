@@ -33,14 +33,14 @@ SCRIPTS = {
     "bench_model.py": "test_benchmark.py::test_quick_benchmark_writes_json",
     "bench_report.py": "test_benchmark.py::test_gpu_targets_read_the_kernels_alone_at_1024_positions",
     "bench_kernels.py": "test_benchmark.py::test_quick_kernels_section_times_long_short_and_sdpa",
-    "bench_roberta.py": "test_benchmark_scripts.py::test_bench_roberta_session_command_on_cpu_at_tiny_size",
+    "bench_roberta.py": "test_benchmark.py::test_quick_roberta_benchmark_writes_json",
+    "bench_update.py": "test_benchmark_scripts.py::test_bench_update_smallest_command_writes_a_row_per_case",
     "bench_discrete.py": "test_bench_discrete.py::test_tiny_run_times_both_sections",
     "bench_two_stream.py": "test_benchmark_scripts.py::test_bench_two_stream_smallest_size",
     "bench_hf.py": "test_benchmark_scripts.py::test_bench_hf_quick",
     "gpu_quick.py": "test_benchmark_scripts.py::test_gpu_quick_dry_run_prints_the_plan_of_every_part",
     "gpu_lean.py": "test_lean.py::test_gpu_lean_stand_in_writes_every_file",
     "gpu_dropout_mask.py": "test_benchmark_scripts.py::test_gpu_dropout_mask_interpreter_masks_on_cpu",
-    "gpu_measure.sh": "test_benchmark.py::test_gpu_measure_names_its_steps_and_refuses_without_a_gpu",
     "gpu_train_fp16.sh": "test_benchmark_scripts.py::test_gpu_train_fp16_on_cpu_at_tiny_size",
     "gpu_session.sh": "test_benchmark_scripts.py::test_gpu_session_dry_run_prints_the_plan",
     "bench_cpu_threads.py": "test_machine_defaults.py::test_bench_cpu_threads_smallest_run",
@@ -102,7 +102,7 @@ def test_two_stream_parameters_take_the_transformers_of_the_same_name():
     assert transformer_name("encoder.layers.0.self_attn.q_proj.weight") == "encoder.layers.0.self_attn.q_proj.weight"
 
 
-@pytest.mark.parametrize("script", ["bench_two_stream.py", "bench_discrete.py", "bench_roberta.py"])
+@pytest.mark.parametrize("script", ["bench_two_stream.py", "bench_discrete.py", "bench_roberta.py", "bench_update.py"])
 @NO_GPU
 def test_device_cuda_without_a_gpu_is_a_usage_error(script):
     proc = _script(script, "--device", "cuda", check=False)
@@ -115,25 +115,115 @@ def _session_dry_run(**env):
                           env=dict(os.environ, PYTHON=sys.executable, **env))
 
 
-@pytest.mark.full  # about 10 CPU s; the default tier runs bench_roberta.py --quick (tests/test_benchmark.py)
-def test_bench_roberta_session_command_on_cpu_at_tiny_size(tmp_path):
-    """gpu_session.sh's masked-LM command (roberta*_base, 512 tokens a block)
-    with --device cpu --quick: the base presets' names at 2 layers, 32 wide,
-    4 blocks of 512 tokens; each DNAS/HNAS model computes something else than
-    roberta, the targets read CPU time here (wall clock on CUDA)."""
-    with open(os.path.join(BENCH, "gpu_session.sh")) as f:  # its setting, as --dry-run prints it
-        args = re.search(r'^ROBERTA_ARGS="\$\{ROBERTA_ARGS:-(.*)\}"', f.read(), re.M).group(1).split()
-    assert args[args.index("--size") + 1] == "base" and args[args.index("--length") + 1] == "512"
-    out = tmp_path / "roberta.json"
-    proc = _script("bench_roberta.py", "--device", "cpu", *args, "--quick", "--json", out)
+def test_bench_update_smallest_command_writes_a_row_per_case(tmp_path):
+    """bench_update.py --quick (its README row): one row per DNAS/HNAS model
+    and source length, each with its baseline, a ratio, attention's share of
+    its update and of the baseline's, the ms fields; each DNAS/HNAS model
+    computes something else than its baseline; the machine names the versions."""
+    out = tmp_path / "update.json"
+    proc = _script("bench_update.py", "--quick", "--json", out)
     res = json.loads(out.read_text())
-    assert res["settings"]["length"] == 512 and res["settings"]["size"] == "base"
     rows = res["rows"]
-    assert [r["arch"] for r in rows] == ["roberta", "roberta_dnas", "roberta_hnas"]
-    assert all(r["length"] == 512 and r["measure"] == "cpu" for r in rows)
-    assert all(_positive(r["median_s"]) and _positive(r["ratio"]) and _positive(r["memory_ratio"]) for r in rows)
-    assert rows[0]["max_abs_diff_to_roberta"] == 0 and all(r["max_abs_diff_to_roberta"] > 0 for r in rows[1:])
-    assert re.search(r"^target roberta_dnas: CPU time x[\d.]+ \(wall x", proc.stdout, re.M), proc.stdout
+    assert [(r["part"], r["arch"], r["baseline"], r["src_len"]) for r in rows] == [
+        ("model", "bart_dnas_large", "bart_large", 32), ("model", "bart_hnas_large", "bart_large", 32),
+        ("model", "roberta_dnas_base", "roberta_base", 32), ("model", "roberta_hnas_base", "roberta_base", 32)]
+    for r in rows:
+        assert all(_positive(r[k]) for k in ("ratio", "wall_ratio", "ms", "baseline_ms", "profiled_attention_ms",
+                                              "profiled_update_ms", "baseline_profiled_attention_ms")), r
+        assert r["profiled_attention_ms"] < r["profiled_update_ms"], r
+        assert 0 < r["attention_share"] < 1 and 0 < r["baseline_attention_share"] < 1, r
+        assert r["max_abs_diff_to_baseline"] > 0 and r["dtype"] == "float32" and r["measure"] == "cpu time"
+    assert rows[0]["tgt_len"] == 8 and rows[2]["tgt_len"] is None
+    assert {"torch", "triton", "cuda_version", "fairseq"} <= set(res["machine"])
+    assert re.search(r"^\| bart_hnas_large \| bart_large \| 32 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+% \|",
+                     proc.stdout, re.M), proc.stdout
+
+
+def test_attention_share_counts_the_ranges_forward_and_backward():
+    """share_of_ranges on a real profile: the range's forward and the backward
+    nodes of the operators run inside it (matched by sequence number), not the
+    rest; no range is an error."""
+    from torch.profiler import profile, record_function
+
+    import bench_update
+
+    torch.manual_seed(0)
+    inside, outside = torch.nn.Linear(128, 128), torch.nn.Linear(128, 1)
+    x = torch.randn(32, 128)
+
+    def update():
+        outside(inside(x).relu()).sum().backward()
+
+    update()
+    with bench_update.AttentionRanges([inside]), profile() as prof:
+        with record_function("update"):
+            update()
+    events = prof.events()
+    share, attention, total = bench_update.share_of_ranges(events, "cpu")
+    forward = sum(e.cpu_time_total for e in events if e.name == bench_update.ATTENTION_RANGE)
+    backward = [e for e in events if e.name.startswith(bench_update.BACKWARD_PREFIX)]
+    inner, outer = sorted((e for e in backward if e.name.endswith("AddmmBackward0")), key=lambda e: e.sequence_nr)
+    # inside ran first: its addmm has the smaller sequence number; outside's backward is not attention
+    assert attention >= forward + inner.cpu_time_total
+    assert attention <= forward + sum(e.cpu_time_total for e in backward) - outer.cpu_time_total + 1e-6
+    assert 0 < share < 1 and share == pytest.approx(attention / total)
+    with profile() as bare:
+        with record_function("update"):
+            update()
+    with pytest.raises(RuntimeError, match="no encoder self-attention range"):
+        bench_update.share_of_ranges(bare.events(), "cpu")
+
+
+def test_attention_share_on_cuda_counts_each_kernel_once():
+    """On CUDA the share is GPU-kernel time: the range's kernels (through its
+    operators) and its backward nodes' over every kernel of the update,
+    each counted through the operator that launched it and not again as the
+    device-side event the profiler also lists."""
+    from torch.autograd import DeviceType
+
+    import bench_update
+
+    def event(name, seq=-1, own=0.0, children=(), kind=DeviceType.CPU):
+        total = own + sum(c.device_time_total for c in children)
+        return SimpleNamespace(name=name, sequence_nr=seq, self_device_time_total=own, device_time_total=total,
+                               cpu_children=list(children), device_type=kind, cpu_time_total=0.0)
+
+    inside = event("aten::mm", seq=5, own=30.0)
+    events = [event("update"), event(bench_update.ATTENTION_RANGE, children=[inside]), inside,
+              event("aten::mm", seq=6, own=50.0),
+              event(bench_update.BACKWARD_PREFIX + "MmBackward0", seq=5, own=20.0),
+              event(bench_update.BACKWARD_PREFIX + "MmBackward0", seq=6, own=40.0),
+              *(event("gemm kernel", own=t, kind=DeviceType.CUDA) for t in (30.0, 50.0, 20.0, 40.0))]
+    share, attention, total = bench_update.share_of_ranges(events, "cuda")
+    assert (attention, total) == (50.0, 140.0) and share == pytest.approx(50 / 140)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cases", "bart,t5"], "--cases takes bart, roberta"),
+    (["--src-lens", "512,x"], "--src-lens takes comma-separated integers"),
+    (["--tokens", "0"], "--tokens takes a positive integer; got 0"),
+    (["--attention-dropout", "1"], "--attention-dropout takes a probability"),
+])
+def test_bench_update_bad_arguments_are_one_line(args, message):
+    proc = _script("bench_update.py", *args, check=False)
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+
+
+def test_kernel_rows_report_tflops_and_the_ratio_to_sdpa():
+    """gpu_lean.py's kernel lines: TFLOP/s from the algorithm's matrix products
+    (SDPA 7, DNAS 9, HNAS 11 a score element, 2 x head size flops each) and
+    the GPU time over SDPA's of the same dtype, head size, dropout and T."""
+    import gpu_lean
+
+    assert gpu_lean.tflops("sdpa", 8, 16, 1024, 64, 1.0) == pytest.approx(7 * 2 * 64 * 8 * 16 * 1024**2 / 1e9)
+    assert gpu_lean.tflops("hnas", 1, 1, 10, 4, 2.0) == pytest.approx(11 * 2 * 4 * 100 / 2e-3 / 1e12)
+    row = dict(part="time", dtype="float16", head=64, dropout=0.0, T=1024)
+    rows = [dict(row, set="lean", scheme="dnas", gpu_ms=2.4, tflops=201.0),
+            dict(row, set="sdpa", scheme="-", gpu_ms=1.0, tflops=374.0),
+            dict(row, set="long", scheme="hnas", T=4096, gpu_ms=9.0, tflops=100.0)]
+    lines = gpu_lean.kernel_lines(rows)
+    assert lines[0] == "lean: float16 head 64 dropout 0 T 1024 lean dnas: 2.400 ms, 201 TFLOP/s, x2.40 SDPA"
+    assert lines[2].endswith("x? SDPA")  # no SDPA row at that T
 
 
 @pytest.mark.parametrize("args, message", [
@@ -163,8 +253,8 @@ def test_bench_hf_quick(tmp_path):
     ("gpu_quick.py", "--breakdown-steps N"), ("gpu_dropout_mask.py", "--interpreter FILE"),
     ("bench_roberta.py", "--device {cpu,cuda}"), ("bench_two_stream.py", "--device {cpu,cuda}"),
     ("triton_tiles.py", "FAIRSEQ_DNAS_TRITON_TILES"),
-    ("gpu_session.sh", "One prepared command for a GPU machine without a package registry"),
-    ("gpu_measure.sh", "Take the GPU figures"), ("gpu_train_fp16.sh", "fairseq-train --fp16 of the Gigaword"),
+    ("gpu_session.sh", "The one prepared command for a GPU machine"), ("bench_update.py", "--deadline-s"),
+    ("gpu_train_fp16.sh", "fairseq-train --fp16 of the Gigaword"),
 ])
 def test_gpu_scripts_answer_help_without_cuda(script, expected):
     """Each script that needs CUDA says what it does without one, exit 0."""
@@ -265,32 +355,44 @@ def test_gpu_dropout_mask_interpreter_masks_on_cpu(tmp_path):
         assert abs(mask.float().mean().item() - (1 - p)) <= 5 * math.sqrt(p * (1 - p) / n), (shape, p)
 
 
+FIRST_STEPS = ["kernels", "tiles", "model"]
+REST_STEPS = ["exact", "lean", "breakdown", "short", "module", "tests", "benchmark", "mask", "train"]
+
+
 def test_gpu_session_dry_run_prints_the_plan():
-    """benchmarks/gpu_session.sh --dry-run: the five steps in order, each with
-    its timeout and log under OUT, the timeouts within 8 minutes, and
-    gpu_quick.py's plan of its parts; nothing is written."""
+    """benchmarks/gpu_session.sh --dry-run: the first steps (kernels alone,
+    lean tiles, whole models) within their 5-minute deadline, then the rest,
+    each with its timeout and log under OUT; the whole-model cases and
+    gpu_quick.py's plan; nothing is written."""
     proc = _session_dry_run(OUT="/nonexistent/out")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    steps = re.findall(r"^step (\w+): timeout (\d+) s: (.*) > /nonexistent/out/\1\.log$", proc.stdout, re.M)
-    assert [s[0] for s in steps] == ["exact", "lean", "breakdown", "roberta", "kernels", "module"]
-    total = sum(int(s[1]) for s in steps)
-    lean = int(dict((s[0], s[1]) for s in steps)["lean"])
-    assert lean <= 200 and total - lean <= 450 and f"timeouts in all: {total} s" in proc.stdout
-    commands = {name: cmd for name, _, cmd in steps}
-    assert f"gpu_lean.py --budget-s {lean - 40}" in commands["lean"]
-    assert "gpu_quick.py --parts breakdown" in commands["breakdown"]
-    assert "bench_roberta.py --device cuda --size base --length 512" in commands["roberta"]
-    assert "--json /nonexistent/out/roberta.json" in commands["roberta"]
+    steps = re.findall(r"^step (\w+): timeout (\d+) s(?: \(first, by (\d+) s\))?: (.*) > /nonexistent/out/\1\.log$",
+                       proc.stdout, re.M)
+    assert [s[0] for s in steps] == FIRST_STEPS + REST_STEPS
+    assert all(s[2] == "300" for s in steps[:3]) and not any(s[2] for s in steps[3:])
+    first = sum(int(s[1]) for s in steps[:3])
+    assert first <= 300 and f"first steps: timeouts {first} s, deadline 300 s" in proc.stdout
+    commands = {name: cmd for name, _, _, cmd in steps}
+    assert "gpu_lean.py --no-exact --dtypes float16 --heads 64 --dropouts 0 --lengths 512,1024,2048,4096" \
+        in commands["kernels"] and "--out /nonexistent/out/kernels" in commands["kernels"]
+    assert re.search(r"triton_tiles\.py --lean --json /nonexistent/out/tiles\.json --deadline-s \d+$", commands["tiles"])
+    assert "bench_update.py --device cuda" in commands["model"] and "--json /nonexistent/out/model.json" in commands["model"]
+    assert "gpu_quick.py --parts breakdown" in commands["breakdown"] and "gpu_quick.py --parts kernels" in commands["short"]
+    assert "bart_dnas_large, bart_hnas_large against bart_large: 8 x 1024 source + 128 target tokens" in proc.stdout
+    assert "roberta_dnas_base, roberta_hnas_base against roberta_base: 16 x 512 tokens" in proc.stdout
+    assert "(cuda: float16, wall clock;" in proc.stdout
     assert "breakdown: GPU time of each kernel" in proc.stdout and "exact: 22 configurations" in proc.stdout
-    assert "roberta args: --size base --length 512 --batch 16 --rounds 10 --warmup 3" in proc.stdout
+    only_first = _session_dry_run(OUT="/nonexistent/out", STEPS="tiles,kernels")  # (no Python: no model step)
+    assert re.findall(r"^step (\w+):", only_first.stdout, re.M) == ["kernels", "tiles"]
+    assert "gpu_quick.py's parts" not in only_first.stdout and "model's cases" not in only_first.stdout
 
 
 @NO_GPU
 @pytest.mark.parametrize("wheels, message", [
-    (None, "no wheel folder"),
     (["ve_fairseq-0.12.3-py3-none-any"], "no wheel hydra_core-*.whl in"),
     (["ve_fairseq-0.12.3-x", "hydra_core-1", "omegaconf-2", "antlr4_python3_runtime-4", "bitarray-3"],
      "torch sees no CUDA device"),
+    (None, "torch sees no CUDA device"),  # no wheel folder: this Python has fairseq
 ])
 def test_gpu_session_checks_wheels_then_the_gpu_in_one_line(tmp_path, wheels, message):
     folder = tmp_path / "whl"
@@ -307,22 +409,35 @@ def test_gpu_session_checks_wheels_then_the_gpu_in_one_line(tmp_path, wheels, me
     assert not out.exists()
 
 
+def test_gpu_session_without_wheels_needs_a_python_with_fairseq(tmp_path):
+    fake = tmp_path / "python3"
+    fake.write_text("#!/usr/bin/env bash\nexit 1\n")  # imports nothing
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", os.path.join(BENCH, "gpu_session.sh")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHON=str(fake), WHEELS=str(tmp_path / "none"),
+                                               OUT=str(tmp_path / "out")))
+    assert proc.returncode == 1 and "no wheel folder" in proc.stderr and "scripts/install.sh" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 FAKE_PYTHON = """#!/usr/bin/env bash
 # Stands in for the GPU machine's python3: each call answers as the real one would, in no time.
 case "$1" in
-  -) cat >/dev/null ;;                                      # the GPU check (its program on stdin): a GPU
-  -m) echo "$@" >> "$(dirname "$0")/pip.args" ;;            # pip install
-  -c) echo "torch 0 triton 0 fairseq 0" ;;
+  -) if [ $# -gt 1 ]; then echo "gpu X torch 0 triton 0 cuda 12 fairseq 0"; echo '{"torch": "0"}' > "$2"
+     else cat >/dev/null; fi ;;                              # the versions / the GPU check (program on stdin)
+  -m) echo "$@" >> "$(dirname "$0")/pip.args" ;;            # pip install, pytest
+  benchmarks/gpu_lean.py) echo '{"part": "meta"}'; echo "lean: float16 head 64 dropout 0 T 1024 lean dnas: 1 ms" ;;
+  benchmarks/triton_tiles.py) sleep 30 ;;                   # cut at its timeout
+  benchmarks/bench_update.py) echo "| bart_dnas_large | bart_large | 1024 | 1 | 1 | 1.0 | 10% | 9% |" ;;
   benchmarks/gpu_quick.py)
     case "$3" in
       exact) echo '{"part": "exact", "ok": true}'; echo '{"part": "exact", "ok": true}'
              echo '{"part": "exact done", "seconds": 1}' ;;
       breakdown) echo '{"part": "breakdown", "kernel": "(all kernels)", "case": "sdpa"}' ;;
-      kernels) sleep 30 ;;                                  # cut at its timeout
+      kernels) echo '{"part": "kernels done", "seconds": 1}' ;;
       module) echo '{"part": "module done", "seconds": 1}' ;;
     esac ;;
-  benchmarks/bench_roberta.py) echo "| roberta | 0.1 |"; echo "target roberta_dnas: wall time x1.0" ;;
-  benchmarks/gpu_lean.py) echo '{"part": "meta"}'; echo "lean: exact 16 of 16 ok; timed 160 cases" ;;
+  benchmarks/benchmark.py|benchmarks/gpu_dropout_mask.py) echo "ran $1" ;;
   *) exit 3 ;;
 esac
 """
@@ -330,9 +445,9 @@ esac
 
 def test_gpu_session_runs_each_step_under_its_timeout_and_logs_it(tmp_path):
     """The session's driver on a stand-in python (no GPU here): the wheels
-    installed, each step's output in its own log, a step cut at its timeout
-    reported and the others still run, summaries in session.log, exit 1, at
-    most 8 files."""
+    installed, the versions recorded, each step's output in its own log, a
+    step cut at its timeout reported and the others still run, the first
+    steps held to their deadline, train skipped without data, exit 1."""
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
     fake.write_text(FAKE_PYTHON)
@@ -342,28 +457,33 @@ def test_gpu_session_runs_each_step_under_its_timeout_and_logs_it(tmp_path):
     for name in ("ve_fairseq-0.12.3-x", "hydra_core-1", "omegaconf-2", "antlr4_python3_runtime-4", "bitarray-3"):
         (wheels / f"{name}.whl").write_text("")
     out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=str(fake), WHEELS=str(wheels), OUT=str(out), SITE=str(tmp_path / "site"),
+               T_TILES="30", FIRST_S="3", TRAIN_DATA=str(tmp_path / "no-data"))
     proc = subprocess.run(["bash", os.path.join(BENCH, "gpu_session.sh")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, PYTHON=str(fake), WHEELS=str(wheels), OUT=str(out),
-                                                SITE=str(tmp_path / "site"), T_KERNELS="1"))
+                          timeout=120, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     log = (out / "session.log").read_text()
     assert log == proc.stdout
     assert "--target " + str(tmp_path / "site") in (fake.parent / "pip.args").read_text()
-    assert [s for s in re.findall(r"^== \[\d+ s\] (\w+) \(timeout", log, re.M)] == [
-        "exact", "lean", "breakdown", "roberta", "kernels", "module"]
-    assert "lean: exact 16 of 16 ok" in log
+    assert "torch 0 triton 0 cuda 12" in log and json.loads((out / "versions.json").read_text()) == {"torch": "0"}
+    assert re.findall(r"^== \[\d+ s\] (\w+) \(timeout", log, re.M) == [
+        "kernels", "tiles", *REST_STEPS[:-1]]
+    assert re.search(r"tiles \(timeout [1-3] s\)", log)  # the first steps' deadline, not T_TILES
+    assert "tiles: cut at its timeout" in log and "model: not started (the first steps' deadline of 3 s" in log
+    assert "lean: float16 head 64 dropout 0 T 1024 lean dnas" in log
     assert "exact: 2 configurations ok, 0 not" in log and '"kernel": "(all kernels)"' in log
-    assert "target roberta_dnas: wall time x1.0" in log and '"part": "module done"' in log
-    assert "kernels: cut at its timeout of 1 s" in log and "module: exit 0" in log
-    assert log.rstrip().endswith("done; steps that failed or were cut: kernels")
-    files = sorted(p.name for p in out.iterdir())
-    assert files == ["breakdown.log", "exact.log", "kernels.log", "lean.log", "module.log", "roberta.log",
-                     "session.log"]
+    assert '"part": "kernels done"' in log and '"part": "module done"' in log and "module: exit 0" in log
+    assert "train: skipped (no TRAIN_DATA folder" in log
+    assert log.rstrip().endswith("done; steps that failed or were cut: tiles model")
+    logs = sorted(p.name for p in out.iterdir())
+    assert logs == sorted(["session.log", "versions.json", *(f"{s}.log" for s in ["kernels", "tiles", *REST_STEPS[:-1]])])
 
 
 @pytest.mark.parametrize("argv, env, status, message", [
     (["--bogus"], {}, 2, "unknown argument '--bogus'"),
     ([], {"T_MODULE": "0"}, 2, "take positive integers; got '0'"),
+    ([], {"STEPS": "kernels,quick"}, 2, "unknown step 'quick' in STEPS=kernels,quick"),
+    ([], {"T_MODEL": "40"}, 2, "T_MODEL must be more than 45 s"),
 ])
 def test_gpu_session_bad_input(argv, env, status, message):
     proc = subprocess.run(["bash", os.path.join(BENCH, "gpu_session.sh"), *argv], cwd=ROOT, capture_output=True,
