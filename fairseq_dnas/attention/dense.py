@@ -176,10 +176,15 @@ def _bias_grad(ds: Tensor, bias: Optional[Tensor]) -> Optional[Tensor]:
     return None if bias is None else ds.sum_to_size(bias.shape).to(bias.dtype)
 
 
+# Self-attention pads keys and queries with one mask: the autograd functions
+# take it once (qpad None, ``same`` True), since a compiled graph cannot trace
+# a function given the same tensor twice.
+
+
 class DenseDNAS(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, kpad, qpad, bias=None):
-        p, exp_r = dnas_forward(q, k, kpad, qpad, bias)
+    def forward(ctx, q, k, kpad, qpad, bias=None, same=False):
+        p, exp_r = dnas_forward(q, k, kpad, kpad if same else qpad, bias)
         ctx.save_for_backward(q, k, p, exp_r, kpad, bias)
         return p
 
@@ -189,13 +194,13 @@ class DenseDNAS(torch.autograd.Function):
         ds = _dnas_grad(p, exp_r, g, broadcast_masks(kpad, None)[0])
         db = _bias_grad(ds, bias) if ctx.needs_input_grad[4] else None
         ds = ds.to(q.dtype)
-        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), None, None, db
+        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), None, None, db, None
 
 
 class DenseHNAS(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, u, kpad, qpad, bias=None):
-        p_d, exp_r, p_u = hnas_forward(q, k, kpad, qpad, bias)
+    def forward(ctx, q, k, u, kpad, qpad, bias=None, same=False):
+        p_d, exp_r, p_u = hnas_forward(q, k, kpad, kpad if same else qpad, bias)
         uu = u.to(p_d.dtype).view(1, -1, 1, 1)
         ctx.save_for_backward(q, k, u, p_d, exp_r, p_u, kpad, bias)
         return torch.lerp(p_u, p_d, uu)  # step 5: u pi_D + (1 - u) pi_U
@@ -209,13 +214,15 @@ class DenseHNAS(torch.autograd.Function):
         ds = ds.add_(_softmax_grad(p_u, g).mul_(1.0 - uu))
         db = _bias_grad(ds, bias) if ctx.needs_input_grad[5] else None
         ds = ds.to(q.dtype)
-        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), du, None, None, db
+        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), du, None, None, db, None
 
 
 def dense_probs(q, k, scheme, kpad, qpad, hybrid_weight, bias=None):
     """(B, H, T_q, T_k) probabilities (float32, float64 for float64 q) of 'dnas'
     or 'hnas'; ``kpad`` (B, T_k) and ``qpad`` (B, T_q) are True at padding;
     ``bias``, if given, is added to the scores (broadcast to (B, H, T_q, T_k))."""
+    same = qpad is kpad and kpad is not None
+    qpad = None if same else qpad
     if scheme == "dnas":
-        return DenseDNAS.apply(q, k, kpad, qpad, bias)
-    return DenseHNAS.apply(q, k, hybrid_weight, kpad, qpad, bias)
+        return DenseDNAS.apply(q, k, kpad, qpad, bias, same)
+    return DenseHNAS.apply(q, k, hybrid_weight, kpad, qpad, bias, same)

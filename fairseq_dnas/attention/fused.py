@@ -158,7 +158,8 @@ class FusedDNAS(torch.autograd.Function):
     """pi_D V for scaled q (B, H, T_q, D), k, v (B, H, T_k, D); padded query rows give 0."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kpad, qpad, prim):
+    def forward(ctx, q, k, v, kpad, qpad, prim, same=False):
+        qpad = kpad if same else qpad  # one mask for both (see dense.py)
         o = _output_buffer(q)
         r = q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype))
         c = k.new_empty(k.shape[:-1], dtype=compute_dtype(k.dtype))
@@ -166,19 +167,20 @@ class FusedDNAS(torch.autograd.Function):
             o[:, h], r[:, h], c[:, h] = dnas_forward(prim, *_up(q[:, h], k[:, h], v[:, h]), kpad, qpad)
         if qpad is not None:
             o.masked_fill_(_rows(qpad), 0.0)  # as the materialized path: pi rows of padding are 0
-        ctx.prim = prim
-        ctx.save_for_backward(q, k, v, o, r, c, kpad, qpad)
+        ctx.prim, ctx.same = prim, same
+        ctx.save_for_backward(q, k, v, o, r, c, kpad, None if same else qpad)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, r, c, kpad, qpad = ctx.saved_tensors
+        qpad = kpad if ctx.same else qpad
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for h in _groups(q.shape[1]):
             dq[:, h], dk[:, h], dv[:, h] = dnas_backward(
                 ctx.prim, *_up(do[:, h], q[:, h], k[:, h], v[:, h], o[:, h]), r[:, h], c[:, h], kpad, qpad
             )
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 class FusedHNAS(torch.autograd.Function):
@@ -193,7 +195,8 @@ class FusedHNAS(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, u, kpad, qpad, prim):
+    def forward(ctx, q, k, v, u, kpad, qpad, prim, same=False):
+        qpad = kpad if same else qpad
         out = _output_buffer(q)
         r_d, r_u = (q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype)) for _ in range(2))
         c = k.new_empty(k.shape[:-1], dtype=compute_dtype(k.dtype))
@@ -206,8 +209,8 @@ class FusedHNAS(torch.autograd.Function):
             out[:, h] = torch.lerp(o_u, o_d, uu[:, h])  # step 5: u O_D + (1 - u) O_U
         if qpad is not None:
             out.masked_fill_(_rows(qpad), 0.0)
-        ctx.prim = prim
-        ctx.save_for_backward(q, k, v, u, out, r_d, c, r_u, kpad, qpad)
+        ctx.prim, ctx.same = prim, same
+        ctx.save_for_backward(q, k, v, u, out, r_d, c, r_u, kpad, None if same else qpad)
         return out
 
     @staticmethod
@@ -230,6 +233,7 @@ class FusedHNAS(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, u, out, r_d, c, r_u, kpad, qpad = ctx.saved_tensors
+        qpad = kpad if ctx.same else qpad
         prim = ctx.prim
         d = q.shape[-1]
         uu = u.to(compute_dtype(q.dtype)).view(1, -1, 1, 1)
@@ -252,12 +256,14 @@ class FusedHNAS(torch.autograd.Function):
             dq[:, h] += gq
             dk[:, h] += gk
             dv[:, h] += gv
-        return dq, dk, dv, du, None, None, None
+        return dq, dk, dv, du, None, None, None, None
 
 
 def fused_dnas(q, k, v, kpad, qpad, prim):
-    return FusedDNAS.apply(q, k, v, kpad, qpad, prim)
+    same = qpad is kpad and kpad is not None
+    return FusedDNAS.apply(q, k, v, kpad, None if same else qpad, prim, same)
 
 
 def fused_hnas(q, k, v, u, kpad, qpad, prim):
-    return FusedHNAS.apply(q, k, v, u, kpad, qpad, prim)
+    same = qpad is kpad and kpad is not None
+    return FusedHNAS.apply(q, k, v, u, kpad, None if same else qpad, prim, same)
