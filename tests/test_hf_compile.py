@@ -148,3 +148,74 @@ def test_export_eval_model(scheme):
     kw = inputs("bert")
     exported = torch.export.export(model, (), kwargs=kw)
     torch.testing.assert_close(exported.module()(**kw).last_hidden_state, model(**kw).last_hidden_state)
+
+
+@pytest.mark.full
+def test_trainer_with_torch_compile_trains(tmp_path):
+    """transformers' Trainer with torch_compile=True: a DNAS classifier's
+    loss falls over a few steps on one repeated batch."""
+    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = hf.enable(BertForSequenceClassification(AutoConfig.for_model("bert", **BERT, num_labels=2)),
+                      scheme="dnas")
+    kw = inputs("bert")
+    rows = [{"input_ids": kw["input_ids"][i], "attention_mask": kw["attention_mask"][i],
+             "labels": torch.tensor(i % 2)} for i in range(2)] * 6
+    args = TrainingArguments(output_dir=str(tmp_path), torch_compile=True, max_steps=6, per_device_train_batch_size=2,
+                             learning_rate=3e-3, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True)
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    trainer.train()
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert model.config._attn_implementation == "dnas"
+
+
+@pytest.mark.full
+def test_bench_compile_quick(tmp_path):
+    """benchmarks/bench_compile.py at its smallest size: a row per scheme,
+    sdpa's ratio 1; bad arguments in one line."""
+    import subprocess
+    import sys
+
+    script = __file__.replace("tests/test_hf_compile.py", "benchmarks/bench_compile.py")
+    out = tmp_path / "b.json"
+    subprocess.run([sys.executable, script, "--quick", "--json", str(out)], check=True, capture_output=True)
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"sdpa", "dnas"} and rows["sdpa"]["ratio"] == 1.0 and rows["dnas"]["median_s"] > 0
+    bad = subprocess.run([sys.executable, script, "--schemes", "dnas"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--schemes takes sdpa" in bad.stderr
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_fused_path_compiles_without_breaks(scheme, monkeypatch):
+    """The fused CPU path (long sequences on 'auto'; forced here) in one
+    graph, forward and backward equal to eager (HNAS's backward recomputes
+    both outputs instead of branching on u's values)."""
+    from fairseq_dnas.attention import kernels
+
+    monkeypatch.setenv(kernels.PATH_ENV, "fused")
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 7, 4, generator=g).requires_grad_() for _ in range(3))
+    u = torch.tensor([0.3, 0.8], requires_grad=True)  # one head on each side of 1/2
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    wrt = [q, k, v] + ([u] if scheme == "hnas" else [])
+
+    def attend(q, k, v, u):
+        return kernels.attend(q, k, v, scheme=scheme, padding_mask=pad, hybrid_weight=u if scheme == "hnas" else None)[0]
+
+    assert torch._dynamo.explain(attend)(q, k, v, u).graph_break_count == 0
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k, v, u)
+    got_grads = torch.autograd.grad(got.square().sum(), wrt)
+    want = attend(q, k, v, u)
+    want_grads = torch.autograd.grad(want.square().sum(), wrt)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

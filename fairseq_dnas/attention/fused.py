@@ -231,13 +231,23 @@ class FusedHNAS(torch.autograd.Function):
         return oz, o_u
 
     @staticmethod
+    def _both_recomputed(prim, qh, kh, vh, c_h, kpad):
+        """[O_D, 0] and O_U, both recomputed (one pass more than
+        ``_both_outputs``, no branch on u)."""
+        o_u = prim.forward(qh, kh, vh, key_padding_bias(kpad, qh.dtype))[0]
+        o_d = prim.forward(qh, kh, vh, _key_bias(c_h, kpad))[0]
+        return _extra_channel(o_d), o_u
+
+    @staticmethod
     def backward(ctx, do):
         q, k, v, u, out, r_d, c, r_u, kpad, qpad = ctx.saved_tensors
         qpad = kpad if ctx.same else qpad
         prim = ctx.prim
         d = q.shape[-1]
         uu = u.to(compute_dtype(q.dtype)).view(1, -1, 1, 1)
-        u_list = u.tolist()
+        # which of O_D, O_U to recompute depends on u's values: data-dependent
+        # Python, so a compiled graph recomputes both (``_both_recomputed``)
+        u_list = None if torch.compiler.is_compiling() else u.tolist()
         du = torch.empty_like(u)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ubias = key_padding_bias(kpad, q.dtype)
@@ -245,7 +255,10 @@ class FusedHNAS(torch.autograd.Function):
             qh, kh, vh, out_h = _up(q[:, h], k[:, h], v[:, h], out[:, h])
             uh = uu[:, h]
             do_h = _fill(_up(do[:, h])[0], _rows(qpad), 0.0)
-            oz, o_u = FusedHNAS._both_outputs(prim, qh, kh, vh, out_h, u_list[h], c[:, h], kpad)
+            if u_list is None:
+                oz, o_u = FusedHNAS._both_recomputed(prim, qh, kh, vh, c[:, h], kpad)
+            else:
+                oz, o_u = FusedHNAS._both_outputs(prim, qh, kh, vh, out_h, u_list[h], c[:, h], kpad)
             du[h] = torch.einsum("bhtd,bhtd->h", do_h, oz[..., :d] - o_u).to(u.dtype)  # <dO, O_D - O_U>
             dq[:, h], dk[:, h], dv[:, h] = dnas_backward(
                 prim, do_h, qh, kh, vh, oz, r_d[:, h], c[:, h], kpad, qpad, scale=uh
