@@ -46,6 +46,8 @@ def build(args):
         m = BertForSequenceClassification(copy.deepcopy(config)).train()
         m.load_state_dict(base.state_dict())
         models[scheme] = hf.enable(m, scheme=scheme)
+    for name, m in models.items():  # each model runs its own scheme
+        assert m.config._attn_implementation == name, (name, m.config._attn_implementation)
     return models
 
 
