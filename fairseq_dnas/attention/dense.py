@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention.functional import NEG, broadcast_masks, compute_dtype
+from fairseq_dnas.attention.tracing import compiling
 
 
 # A row whose normalizer falls below this is recomputed in the log domain:
@@ -96,7 +97,7 @@ def log_domain_at_once(s: Tensor) -> bool:
     (the check would synchronize with the host) and inside a compiled graph
     (the check is data-dependent Python, a graph break). The log domain gives
     the same probabilities for any scores."""
-    return s.is_cuda or torch.compiler.is_compiling()
+    return s.is_cuda or compiling()
 
 
 def dnas_forward(q, k, kpad, qpad, bias=None):

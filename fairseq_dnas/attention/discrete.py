@@ -28,6 +28,7 @@ from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
 from fairseq_dnas.attention.gumbel_noise import exponential_noise, gumbel_noise
+from fairseq_dnas.attention.tracing import compiling
 
 SAMPLERS = ("gumbel", "soft")  # 'soft' is S = A = softmax(L) (no sampling)
 DISCRETE_SCHEMES = ("unas", "dnas")  # the distribution sampled from
@@ -67,7 +68,7 @@ def _every_row_has_a_key(logits: Tensor) -> bool:
     CPU only: elsewhere the answer would cost a host synchronization, so
     False, and the caller takes the path that handles empty rows; inside a
     compiled graph too, where the answer would be data-dependent Python)."""
-    if logits.device.type != "cpu" or torch.compiler.is_compiling():
+    if logits.device.type != "cpu" or compiling():
         return False
     return bool((logits.amax(dim=-1) > float("-inf")).all())
 
@@ -130,7 +131,7 @@ class _RelaxedSampleFromProbs(torch.autograd.Function):
         s = torch.div(probs, exponential, out=exponential)  # A_j e^{G_j} = A_j / E_j
         total = s.sum(dim=-1, keepdim=True)
         s.mul_(total.reciprocal_())  # S_j = A_j e^{G_j} / sum_k A_k e^{G_k} = softmax(L + G)_j
-        if torch.compiler.is_compiling() or bool(total.isnan().any()):
+        if compiling() or bool(total.isnan().any()):
             # softmax of a row of -inf (no allowed key) is NaN: S is 0 there,
             # as gumbel_softmax_probs gives (NaN logits stay NaN); compiled:
             # always (a no-op where every row has a key), no data-dependent branch
@@ -206,7 +207,7 @@ def argmax_choice(logits: Tensor) -> ArgmaxChoice:
     # one pass for both: the row maxima (is there a key?) and their first index (torch.max's ties, as argmax's)
     top, index = logits.detach().max(dim=-1)
     has_key = top > float("-inf")
-    if has_key.device.type == "cpu" and not torch.compiler.is_compiling() and bool(has_key.all()):
+    if has_key.device.type == "cpu" and not compiling() and bool(has_key.all()):
         # (elsewhere the test would be a host synchronization; compiled, a graph break)
         has_key = None
     return ArgmaxChoice(index, has_key)

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention.functional import NEG, compute_dtype
+from fairseq_dnas.attention.tracing import compiling
 
 
 def key_padding_bias(pad: Optional[Tensor], dtype) -> Optional[Tensor]:
@@ -247,7 +248,7 @@ class FusedHNAS(torch.autograd.Function):
         uu = u.to(compute_dtype(q.dtype)).view(1, -1, 1, 1)
         # which of O_D, O_U to recompute depends on u's values: data-dependent
         # Python, so a compiled graph recomputes both (``_both_recomputed``)
-        u_list = None if torch.compiler.is_compiling() else u.tolist()
+        u_list = None if compiling() else u.tolist()
         du = torch.empty_like(u)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ubias = key_padding_bias(kpad, q.dtype)

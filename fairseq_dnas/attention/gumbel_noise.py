@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_dnas.attention.tracing import compiling
+
 _F32 = torch.finfo(torch.float32)
 U_LOW = _F32.tiny  # smallest normal float32 > 0: -log(U) = 87.3, finite
 U_HIGH = 1.0 - _F32.eps  # 1 - 2^-23 < 1: -log(U) = 1.19e-7 > 0, so log() is finite
@@ -59,20 +61,29 @@ def uniform_float32(shape, *, generator: Optional[torch.Generator] = None) -> Te
     return mantissa.view(torch.float32).sub_(1.0).view(shape)  # exact: k 2^-23 in [0, 1 - 2^-23]
 
 
-@torch.library.custom_op("fairseq_dnas::uniform_float32", mutates_args=(),
-                         tags=(torch.Tag.nondeterministic_seeded,))
-def _uniform_op(shape: List[int]) -> Tensor:
+def _uniform_fake(shape):
+    return torch.empty(shape, dtype=torch.float32)
+
+
+def _register_uniform_op():
     """``uniform_float32`` from torch's default generator as one opaque op of
     a compiled graph: NumPy's generator cannot be traced, and a graph break
     (or torch's own random ops, another stream) would follow otherwise. The
     same draws as eager for the same seed; the tag keeps two calls from being
-    merged into one."""
-    return uniform_float32(tuple(shape))
+    merged into one. None on torch without ``torch.library.custom_op``."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+
+    @torch.library.custom_op("fairseq_dnas::uniform_float32", mutates_args=(),
+                             tags=(torch.Tag.nondeterministic_seeded,))
+    def uniform_op(shape: List[int]) -> Tensor:
+        return uniform_float32(tuple(shape))
+
+    uniform_op.register_fake(_uniform_fake)
+    return uniform_op
 
 
-@_uniform_op.register_fake
-def _(shape):
-    return torch.empty(shape, dtype=torch.float32)
+_uniform_op = _register_uniform_op()
 
 
 def exponential_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
@@ -88,7 +99,7 @@ def exponential_noise(shape, *, device=None, generator: Optional[torch.Generator
     """
     device = torch.device("cpu") if device is None else torch.device(device)
     if device.type == "cpu":
-        if generator is None and torch.compiler.is_compiling():
+        if generator is None and _uniform_op is not None and compiling():
             u = _uniform_op([int(n) for n in shape])
         else:
             u = uniform_float32(shape, generator=generator)

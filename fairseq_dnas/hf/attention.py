@@ -23,6 +23,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from fairseq_dnas.attention import kernels
 from fairseq_dnas.attention.discrete import discrete_attention
 from fairseq_dnas.attention.functional import SCHEMES as KERNEL_SCHEMES
+from fairseq_dnas.attention.tracing import compiling
 
 DISCRETE = "discrete"
 SCHEMES = KERNEL_SCHEMES + (DISCRETE,)
@@ -56,7 +57,7 @@ def _require(ok: Tensor, message: str) -> None:
     compiled graph the same check is a tensor op (``torch._assert_async``:
     a RuntimeError with the same message when the graph runs) instead of
     data-dependent Python, which would break the graph."""
-    if torch.compiler.is_compiling():
+    if compiling():
         torch._assert_async(ok, message)
     elif not bool(ok):
         raise ValueError(message)
@@ -95,7 +96,7 @@ def key_padding_mask(mask: Optional[Tensor], batch: int, length: int) -> Optiona
              "custom 4D mask): only padding masks are supported; use attn_implementation='sdpa' for this model "
              "or a model with full bidirectional attention")
     pad = ~rows[:, 0, 0, :]
-    if torch.compiler.is_compiling():
+    if compiling():
         return pad
     return pad if bool(pad.any()) else None
 
