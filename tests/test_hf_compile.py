@@ -57,15 +57,16 @@ def output(family, out):
 
 
 CASES = [(f, s) for f in ("bert", "bart", "t5") for s in SCHEMES]
+# one layer of each stack: tracing time grows with the layers, the code traced does not
+ONE_LAYER = {"bert": dict(num_hidden_layers=1), "bart": dict(encoder_layers=1, decoder_layers=1),
+             "t5": dict(num_layers=1, num_decoder_layers=1)}
 
 
 @pytest.mark.parametrize("family,scheme", [c if c == ("bert", "hnas") else pytest.param(*c, marks=pytest.mark.full)
                                            for c in CASES])
 def test_no_graph_breaks(family, scheme):
     torch._dynamo.reset()
-    # the default tier's representative: one layer (the break count is per layer)
-    model = build(family, scheme, **({"num_hidden_layers": 1} if (family, scheme) == ("bert", "hnas") else {}))
-    model.train()
+    model = build(family, scheme, **ONE_LAYER[family]).train()  # every layer runs the same code
     explained = torch._dynamo.explain(model)(**inputs(family))
     assert explained.graph_break_count == 0, [str(r.reason)[:200] for r in explained.break_reasons]
     assert explained.graph_count == 1
@@ -82,13 +83,17 @@ def fixed_noise(monkeypatch):
     monkeypatch.setattr(gumbel_noise, "uniform_float32", uniform)
 
 
-@pytest.mark.parametrize("family,scheme", [pytest.param(*c, marks=pytest.mark.full) for c in CASES])
-def test_fullgraph_training_equals_eager(family, scheme, fixed_noise):
+@pytest.mark.parametrize("family,scheme,backend", [pytest.param(*c, "aot_eager", marks=pytest.mark.full) for c in CASES]
+                         + [pytest.param("bert", "dnas", "inductor", marks=pytest.mark.full)])
+def test_fullgraph_training_equals_eager(family, scheme, backend, fixed_noise):
+    """Forward and backward traced as one graph (AOT autograd: ``aot_eager``
+    runs the traced graphs as they are), and once through inductor's
+    generated code; one layer each except the inductor case's two."""
     torch._dynamo.reset()
-    model = build(family, scheme).train()
+    model = build(family, scheme, **({} if backend == "inductor" else ONE_LAYER[family])).train()
     kw = inputs(family)
     params = [p for p in model.parameters() if p.requires_grad]
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     got = output(family, compiled(**kw))
     got_grads = torch.autograd.grad(got.square().sum(), params, allow_unused=True)
     want = output(family, model(**kw))

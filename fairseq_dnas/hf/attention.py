@@ -10,6 +10,13 @@ models' discrete attention, ``attention.discrete.discrete_attention`` (J.
 Kinley, 2020, Section 4.1: the Gumbel-softmax relaxation in training, the
 argmax by index at inference); causal self-attention and cross-attention go
 to transformers' own ``sdpa_attention_forward``.
+
+A score bias a model passes as ``position_bias`` (T5, mT5, UMT5: the relative
+position bias, with ``scaling`` = 1) is added to the scores, and the scheme
+runs over S + B (``docs/math.md#a-biased-score``). Nothing here branches on a
+tensor's values inside a compiled graph (``attention.tracing.compiling``): the
+mask checks become tensor asserts there, so ``torch.compile`` and
+``torch.export`` see one graph.
 """
 
 from typing import Optional
