@@ -61,8 +61,8 @@ def batch(args):
     return dict(input_ids=ids, attention_mask=mask, labels=labels)
 
 
-def step_fn(model, inputs):
-    compiled = torch.compile(model, fullgraph=True)
+def step_fn(model, inputs, backend):
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step():
@@ -82,6 +82,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--backend", default="inductor", help="torch.compile's backend (aot_eager: a quick check)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up step, 3 rounds")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
@@ -98,7 +99,7 @@ def main(argv=None):
 
     models = build(args)
     inputs = batch(args)
-    steps = {name: step_fn(m, inputs) for name, m in models.items()}
+    steps = {name: step_fn(m, inputs, args.backend) for name, m in models.items()}
     common.log(f"compiling and warming up ({args.warmup} step(s) each)")
     for _ in range(args.warmup):
         for step in steps.values():
