@@ -84,9 +84,11 @@ def fixed_noise(monkeypatch):
     monkeypatch.setattr(gumbel_noise, "uniform_float32", uniform)
 
 
-@pytest.mark.parametrize("family,scheme,backend",
-                         [(*c, "aot_eager") if c == ("bert", "discrete") else pytest.param(*c, "aot_eager", marks=pytest.mark.full)
-                          for c in CASES] + [pytest.param("bert", "dnas", "inductor", marks=pytest.mark.full)])
+FULLGRAPH = [(*c, "aot_eager") if c == ("bert", "discrete") else pytest.param(*c, "aot_eager", marks=pytest.mark.full)
+             for c in CASES] + [pytest.param("bert", "dnas", "inductor", marks=pytest.mark.full)]
+
+
+@pytest.mark.parametrize("family,scheme,backend", FULLGRAPH)
 def test_fullgraph_training_equals_eager(family, scheme, backend, fixed_noise):
     """Forward and backward traced as one graph (AOT autograd: ``aot_eager``
     runs the traced graphs as they are), and once through inductor's
@@ -233,7 +235,8 @@ def test_fused_path_compiles_without_breaks(scheme, monkeypatch):
     wrt = [q, k, v] + ([u] if scheme == "hnas" else [])
 
     def attend(q, k, v, u):
-        return kernels.attend(q, k, v, scheme=scheme, padding_mask=pad, hybrid_weight=u if scheme == "hnas" else None)[0]
+        u = u if scheme == "hnas" else None
+        return kernels.attend(q, k, v, scheme=scheme, padding_mask=pad, hybrid_weight=u)[0]
 
     assert torch._dynamo.explain(attend)(q, k, v, u).graph_break_count == 0
     compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
