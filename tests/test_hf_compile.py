@@ -247,3 +247,67 @@ def test_fused_path_compiles_without_breaks(scheme, monkeypatch):
     torch.testing.assert_close(got, want)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_triton_kernels_are_registered_custom_ops():
+    """The kernels' custom op and its backward are registered, and their
+    fake implementations give the shapes and dtypes without running a kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fairseq_dnas.attention import triton_op
+
+    assert hasattr(torch.ops.fairseq_dnas, "triton_attention")
+    assert hasattr(torch.ops.fairseq_dnas, "triton_attention_backward")
+    with FakeTensorMode():
+        q, k = torch.empty(2, 3, 7, 16, dtype=torch.float16), torch.empty(2, 3, 5, 16, dtype=torch.float16)
+        v, u = torch.empty(2, 3, 5, 8, dtype=torch.float16), torch.empty(3)
+        pad, seed = torch.zeros(2, 5, dtype=torch.bool), torch.zeros(1, dtype=torch.int64)
+        out = triton_op.triton_attention_op(q, k, v, u, pad, None, 0.1, seed, 1, "long", "hnas", True)
+        assert out.shape == (2, 3, 7, 8) and out.dtype == torch.float16
+        grads = triton_op.triton_attention_backward_op(out, q, k, v, u, pad, None, 0.1, seed, 1, "long", "hnas",
+                                                       False)
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, u.shape]
+        assert len(triton_op.triton_attention_backward_op(out, q, k, v, None, None, None, 0.0, seed, 1, "short",
+                                                          "dnas", False)) == 3
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("scheme,p", [("dnas", 0.0), ("hnas", 0.0), ("hnas", 0.25)])
+def test_triton_path_compiles_as_one_op(scheme, p):
+    """Under Triton's interpreter: a compiled call of the Triton path has no
+    graph break, holds the custom op, and gives the eager kernels' output
+    and gradients (with dropout: the same seed, drawn from torch's generator
+    in the graph as eagerly, and the same mask in the backward)."""
+    pytest.importorskip("triton")
+    from fairseq_dnas.attention import kernels
+    from fairseq_dnas.hf.attention import _Dropout
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 7, 16, generator=g).requires_grad_() for _ in range(3))
+    u = torch.tensor([0.3, 0.8], requires_grad=True)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    wrt = [q, k, v] + ([u] if scheme == "hnas" else [])
+
+    def attend(q, k, v, u):
+        u = u if scheme == "hnas" else None
+        return kernels.attend(q, k, v, scheme=scheme, padding_mask=pad, hybrid_weight=u, path="triton",
+                              dropout=_Dropout(p) if p else None)[0]
+
+    explained = torch._dynamo.explain(attend)(q, k, v, u)
+    assert explained.graph_break_count == 0
+    assert "fairseq_dnas.triton_attention" in explained.graphs[0].code
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(4)
+    got = compiled(q, k, v, u)
+    got_grads = torch.autograd.grad(got.square().sum(), wrt)
+    torch.manual_seed(4)
+    want = attend(q, k, v, u)
+    want_grads = torch.autograd.grad(want.square().sum(), wrt)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)
+    if p:  # dropout ran: not the output without it
+        plain = kernels.attend(q, k, v, scheme=scheme, padding_mask=pad, hybrid_weight=u, path="triton")[0]
+        assert (got - plain).abs().max() > 1e-3

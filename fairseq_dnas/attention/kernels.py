@@ -25,9 +25,10 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
-from fairseq_dnas.attention import dispatch, primitives, selection, selfcheck
+from fairseq_dnas.attention import dispatch, primitives, selection, selfcheck, triton_op
 from fairseq_dnas.attention.dense import dense_probs
 from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
+from fairseq_dnas.attention.tracing import compiling
 from fairseq_dnas.attention.selection import (  # noqa: F401 (the callers' names for them)
     PATH_ENV, PATHS, Choice, choose_path, dropout_active, dropout_p)
 
@@ -149,7 +150,14 @@ def _run_triton(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weight
     """The output of ``decision.function`` (the Triton kernels), or None on the
     ``auto`` path where they are off for ``decision.checked`` (the first-use
     check failed now or before, or they cannot compile or launch now: then
-    off from here on). Forced by name (``checked`` None): no check, no None."""
+    off from here on). Forced by name (``checked`` None): no check, no None.
+    Inside a compiled graph: the kernels as one custom op (``triton_op``),
+    which runs the check itself when the graph runs."""
+    if compiling() and triton_op.triton_attention_op is not None:
+        return triton_op.attention(q, k, v, hybrid_weight=hybrid_weight if scheme == "hnas" else None,
+                                   key_padding_mask=pad, query_padding_mask=qpad, dropout_p=decision.dropout_p,
+                                   sinkhorn_iters=sinkhorn_iters, kernels=decision.kernels, scheme=scheme,
+                                   checked=decision.checked is not None), None
     if decision.checked is None:
         return _triton_output(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weights, sinkhorn_iters)
     if not selfcheck.triton_usable(decision.checked, decision.function):
