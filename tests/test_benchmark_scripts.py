@@ -38,6 +38,7 @@ SCRIPTS = {
     "bench_discrete.py": "test_bench_discrete.py::test_tiny_run_times_both_sections",
     "bench_two_stream.py": "test_benchmark_scripts.py::test_bench_two_stream_smallest_size",
     "bench_hf.py": "test_benchmark_scripts.py::test_bench_hf_quick",
+    "bench_compile.py": "test_hf_compile.py::test_bench_compile_quick",
     "gpu_quick.py": "test_benchmark_scripts.py::test_gpu_quick_dry_run_prints_the_plan_of_every_part",
     "gpu_lean.py": "test_lean.py::test_gpu_lean_stand_in_writes_every_file",
     "gpu_dropout_mask.py": "test_benchmark_scripts.py::test_gpu_dropout_mask_interpreter_masks_on_cpu",

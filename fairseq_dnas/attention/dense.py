@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention.functional import NEG, broadcast_masks, compute_dtype
+from fairseq_dnas.attention.tracing import compiling
 
 
 # A row whose normalizer falls below this is recomputed in the log domain:
@@ -29,8 +30,10 @@ from fairseq_dnas.attention.functional import NEG, broadcast_masks, compute_dtyp
 TINY = 1e-30
 
 
-def _scores(q: Tensor, k: Tensor, kmask, qmask) -> Tensor:
+def _scores(q: Tensor, k: Tensor, kmask, qmask, bias: Optional[Tensor] = None) -> Tensor:
     s = torch.matmul(q, k.transpose(-1, -2)).to(compute_dtype(q.dtype))  # (B, H, T_q, T_k)
+    if bias is not None:  # s + B, the biased score (docs/math.md#a-biased-score)
+        s.add_(bias.to(s.dtype))
     if kmask is not None and qmask is not None:
         s.masked_fill_(kmask | qmask, NEG)  # (B, 1, T_q, T_k) broadcast: one pass
     elif kmask is not None or qmask is not None:
@@ -89,19 +92,28 @@ def _unas_log_(s: Tensor, qmask) -> Tensor:
     return p if qmask is None else p.masked_fill_(qmask, 0.0)
 
 
-def dnas_forward(q, k, kpad, qpad):
-    """pi_D (B, H, T_q, T_k) and exp(r) (B, H, T_q, 1) from scaled q, k."""
+def log_domain_at_once(s: Tensor) -> bool:
+    """Whether to skip the one-exp forward and its underflow check: on CUDA
+    (the check would synchronize with the host) and inside a compiled graph
+    (the check is data-dependent Python, a graph break). The log domain gives
+    the same probabilities for any scores."""
+    return s.is_cuda or compiling()
+
+
+def dnas_forward(q, k, kpad, qpad, bias=None):
+    """pi_D (B, H, T_q, T_k) and exp(r) (B, H, T_q, 1) from scaled q, k
+    (and the additive score bias ``bias``, broadcast to the scores, if given)."""
     kmask, qmask = broadcast_masks(kpad, qpad)
-    s = _scores(q, k, kmask, qmask)
-    if s.is_cuda:  # checking for underflow would synchronize with the host: log domain at once
+    s = _scores(q, k, kmask, qmask, bias)
+    if log_domain_at_once(s):
         return _dnas_log_(s, kmask, qmask)
     p, exp_r, underflow = _dnas_exp_(s, kmask, qmask)
     if underflow:  # an explained-away query: redo in the log domain
-        p, exp_r = _dnas_log_(_scores(q, k, kmask, qmask), kmask, qmask)
+        p, exp_r = _dnas_log_(_scores(q, k, kmask, qmask, bias), kmask, qmask)
     return p, exp_r
 
 
-def hnas_forward(q, k, kpad, qpad):
+def hnas_forward(q, k, kpad, qpad, bias=None):
     """pi_D, exp(r) and pi_U from one exp over the scores.
 
     pi_U[i, j] is proportional to exp(s[i, j]) = e[i, j] exp(m_j); with
@@ -109,8 +121,8 @@ def hnas_forward(q, k, kpad, qpad):
     e[i, j] exp(m_j - g) / sum_j' (...), computed before e is normalized.
     """
     kmask, qmask = broadcast_masks(kpad, qpad)
-    s = _scores(q, k, kmask, qmask)
-    if s.is_cuda:  # no host synchronization (see dnas_forward)
+    s = _scores(q, k, kmask, qmask, bias)
+    if log_domain_at_once(s):  # no host synchronization, no graph break (see dnas_forward)
         p_u = _unas_log_(s, qmask)
         p_d, exp_r = _dnas_log_(s, kmask, qmask)
         return p_d, exp_r, p_u
@@ -128,7 +140,7 @@ def hnas_forward(q, k, kpad, qpad):
     p_d, exp_r = _normalize_rows_(e.div_(z), qmask)  # step 4
     real = torch.ones_like(exp_r, dtype=torch.bool) if qmask is None else ~qmask
     if bool(((exp_r < TINY) & real).any() or ((z_u < TINY) & real).any()):
-        s = _scores(q, k, kmask, qmask)
+        s = _scores(q, k, kmask, qmask, bias)
         p_u = _unas_log_(s, qmask)
         p_d, exp_r = _dnas_log_(s, kmask, qmask)
     return p_d, exp_r, p_u
@@ -159,41 +171,59 @@ def _dot_per_head(a: Tensor, b: Tensor) -> Tensor:
     return torch.matmul(a.reshape(bsz, heads, 1, -1), b.reshape(bsz, heads, -1, 1)).sum(dim=(0, 2, 3))
 
 
+def _bias_grad(ds: Tensor, bias: Optional[Tensor]) -> Optional[Tensor]:
+    """dL/dB of an additive score bias: dL/ds summed over the dimensions the
+    bias was broadcast along (T5's (1, H, T, T) bias: over the batch)."""
+    return None if bias is None else ds.sum_to_size(bias.shape).to(bias.dtype)
+
+
+# Self-attention pads keys and queries with one mask: the autograd functions
+# take it once (qpad None, ``same`` True), since a compiled graph cannot trace
+# a function given the same tensor twice.
+
+
 class DenseDNAS(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, kpad, qpad):
-        p, exp_r = dnas_forward(q, k, kpad, qpad)
-        ctx.save_for_backward(q, k, p, exp_r, kpad)
+    def forward(ctx, q, k, kpad, qpad, bias=None, same=False):
+        p, exp_r = dnas_forward(q, k, kpad, kpad if same else qpad, bias)
+        ctx.save_for_backward(q, k, p, exp_r, kpad, bias)
         return p
 
     @staticmethod
     def backward(ctx, g):
-        q, k, p, exp_r, kpad = ctx.saved_tensors
-        ds = _dnas_grad(p, exp_r, g, broadcast_masks(kpad, None)[0]).to(q.dtype)
-        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), None, None
+        q, k, p, exp_r, kpad, bias = ctx.saved_tensors
+        ds = _dnas_grad(p, exp_r, g, broadcast_masks(kpad, None)[0])
+        db = _bias_grad(ds, bias) if ctx.needs_input_grad[4] else None
+        ds = ds.to(q.dtype)
+        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), None, None, db, None
 
 
 class DenseHNAS(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, u, kpad, qpad):
-        p_d, exp_r, p_u = hnas_forward(q, k, kpad, qpad)
+    def forward(ctx, q, k, u, kpad, qpad, bias=None, same=False):
+        p_d, exp_r, p_u = hnas_forward(q, k, kpad, kpad if same else qpad, bias)
         uu = u.to(p_d.dtype).view(1, -1, 1, 1)
-        ctx.save_for_backward(q, k, u, p_d, exp_r, p_u, kpad)
+        ctx.save_for_backward(q, k, u, p_d, exp_r, p_u, kpad, bias)
         return torch.lerp(p_u, p_d, uu)  # step 5: u pi_D + (1 - u) pi_U
 
     @staticmethod
     def backward(ctx, g):
-        q, k, u, p_d, exp_r, p_u, kpad = ctx.saved_tensors
+        q, k, u, p_d, exp_r, p_u, kpad, bias = ctx.saved_tensors
         uu = u.to(g.dtype).view(1, -1, 1, 1)
         du = (_dot_per_head(g, p_d) - _dot_per_head(g, p_u)).to(u.dtype)  # dL/du = <G, pi_D - pi_U>
         ds = _dnas_grad(p_d, exp_r, g, broadcast_masks(kpad, None)[0], scale=uu)
-        ds = ds.add_(_softmax_grad(p_u, g).mul_(1.0 - uu)).to(q.dtype)
-        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), du, None, None
+        ds = ds.add_(_softmax_grad(p_u, g).mul_(1.0 - uu))
+        db = _bias_grad(ds, bias) if ctx.needs_input_grad[5] else None
+        ds = ds.to(q.dtype)
+        return torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q), du, None, None, db, None
 
 
-def dense_probs(q, k, scheme, kpad, qpad, hybrid_weight):
+def dense_probs(q, k, scheme, kpad, qpad, hybrid_weight, bias=None):
     """(B, H, T_q, T_k) probabilities (float32, float64 for float64 q) of 'dnas'
-    or 'hnas'; ``kpad`` (B, T_k) and ``qpad`` (B, T_q) are True at padding."""
+    or 'hnas'; ``kpad`` (B, T_k) and ``qpad`` (B, T_q) are True at padding;
+    ``bias``, if given, is added to the scores (broadcast to (B, H, T_q, T_k))."""
+    same = qpad is kpad and kpad is not None
+    qpad = None if same else qpad
     if scheme == "dnas":
-        return DenseDNAS.apply(q, k, kpad, qpad)
-    return DenseHNAS.apply(q, k, hybrid_weight, kpad, qpad)
+        return DenseDNAS.apply(q, k, kpad, qpad, bias, same)
+    return DenseHNAS.apply(q, k, hybrid_weight, kpad, qpad, bias, same)

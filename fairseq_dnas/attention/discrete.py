@@ -28,6 +28,7 @@ from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
 from fairseq_dnas.attention.gumbel_noise import exponential_noise, gumbel_noise
+from fairseq_dnas.attention.tracing import compiling
 
 SAMPLERS = ("gumbel", "soft")  # 'soft' is S = A = softmax(L) (no sampling)
 DISCRETE_SCHEMES = ("unas", "dnas")  # the distribution sampled from
@@ -65,8 +66,11 @@ def _rows_with_keys(logits: Tensor) -> Tensor:
 def _every_row_has_a_key(logits: Tensor) -> bool:
     """True if every row of ``logits`` has a key above -inf (checked on the
     CPU only: elsewhere the answer would cost a host synchronization, so
-    False, and the caller takes the path that handles empty rows)."""
-    return logits.device.type == "cpu" and bool((logits.amax(dim=-1) > float("-inf")).all())
+    False, and the caller takes the path that handles empty rows; inside a
+    compiled graph too, where the answer would be data-dependent Python)."""
+    if logits.device.type != "cpu" or compiling():
+        return False
+    return bool((logits.amax(dim=-1) > float("-inf")).all())
 
 
 def softmax_probs(logits: Tensor) -> Tensor:
@@ -127,9 +131,10 @@ class _RelaxedSampleFromProbs(torch.autograd.Function):
         s = torch.div(probs, exponential, out=exponential)  # A_j e^{G_j} = A_j / E_j
         total = s.sum(dim=-1, keepdim=True)
         s.mul_(total.reciprocal_())  # S_j = A_j e^{G_j} / sum_k A_k e^{G_k} = softmax(L + G)_j
-        if bool(total.isnan().any()):
+        if compiling() or bool(total.isnan().any()):
             # softmax of a row of -inf (no allowed key) is NaN: S is 0 there,
-            # as gumbel_softmax_probs gives (NaN logits stay NaN)
+            # as gumbel_softmax_probs gives (NaN logits stay NaN); compiled:
+            # always (a no-op where every row has a key), no data-dependent branch
             s.masked_fill_(logits.amax(dim=-1, keepdim=True) == float("-inf"), 0.0)
         ctx.mark_dirty(exponential)
         ctx.save_for_backward(s)
@@ -202,7 +207,8 @@ def argmax_choice(logits: Tensor) -> ArgmaxChoice:
     # one pass for both: the row maxima (is there a key?) and their first index (torch.max's ties, as argmax's)
     top, index = logits.detach().max(dim=-1)
     has_key = top > float("-inf")
-    if has_key.device.type == "cpu" and bool(has_key.all()):  # (elsewhere the test would be a host synchronization)
+    if has_key.device.type == "cpu" and not compiling() and bool(has_key.all()):
+        # (elsewhere the test would be a host synchronization; compiled, a graph break)
         has_key = None
     return ArgmaxChoice(index, has_key)
 
@@ -299,7 +305,8 @@ def gumbel_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: floa
 
 def discrete_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: float = 1.0, hard: bool = False,
                        training: bool = True, key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
-                       generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                       generator: Optional[torch.Generator] = None,
+                       score_bias: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Eq. 4.1 for per-head q (B, H, T_q, D) and k, v (B, H, T_k, D), each
     row a draw from softmax(L), L = q k^T * scale (scheme 'unas'), padded
     keys never chosen: the relaxed sample in training (fused, as
@@ -308,13 +315,19 @@ def discrete_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tau: fl
     dropout: the sample is the noise (the fairseq modules' rule). The path of
     the Hugging Face adapter's bidirectional self-attention.
 
+    ``score_bias`` (broadcast to (B, H, T_q, T_k)), e.g. T5's position
+    bias, is added to the logits: L = q k^T * scale + B.
+
     Returns (S v (B, H, T_q, D) in v's dtype, S (float32; float64 for
     float64 q) or None when not asked for).
     """
     if training and not hard and not need_weights:
-        out = gumbel_attention(q, k, v, scale=scale, tau=tau, key_padding_mask=key_padding_mask, generator=generator)
+        out = gumbel_attention(q, k, v, scale=scale, tau=tau, key_padding_mask=key_padding_mask,
+                               attn_mask=score_bias, generator=generator)  # B enters as the additive mask
         return out, None
     scores = torch.matmul(q * scale, k.transpose(-1, -2))  # L, q scaled first as fairseq does
+    if score_bias is not None:
+        scores = scores + score_bias  # L = S + B
     if not training:
         return argmax_attention(masked_scores(scores, key_padding_mask), v, need_weights=need_weights)
     probs = discrete_probs(scores, key_padding_mask=key_padding_mask, tau=tau, hard=hard, generator=generator)

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention.functional import NEG, compute_dtype
+from fairseq_dnas.attention.tracing import compiling
 
 
 def key_padding_bias(pad: Optional[Tensor], dtype) -> Optional[Tensor]:
@@ -158,7 +159,8 @@ class FusedDNAS(torch.autograd.Function):
     """pi_D V for scaled q (B, H, T_q, D), k, v (B, H, T_k, D); padded query rows give 0."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kpad, qpad, prim):
+    def forward(ctx, q, k, v, kpad, qpad, prim, same=False):
+        qpad = kpad if same else qpad  # one mask for both (see dense.py)
         o = _output_buffer(q)
         r = q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype))
         c = k.new_empty(k.shape[:-1], dtype=compute_dtype(k.dtype))
@@ -166,19 +168,20 @@ class FusedDNAS(torch.autograd.Function):
             o[:, h], r[:, h], c[:, h] = dnas_forward(prim, *_up(q[:, h], k[:, h], v[:, h]), kpad, qpad)
         if qpad is not None:
             o.masked_fill_(_rows(qpad), 0.0)  # as the materialized path: pi rows of padding are 0
-        ctx.prim = prim
-        ctx.save_for_backward(q, k, v, o, r, c, kpad, qpad)
+        ctx.prim, ctx.same = prim, same
+        ctx.save_for_backward(q, k, v, o, r, c, kpad, None if same else qpad)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, r, c, kpad, qpad = ctx.saved_tensors
+        qpad = kpad if ctx.same else qpad
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for h in _groups(q.shape[1]):
             dq[:, h], dk[:, h], dv[:, h] = dnas_backward(
                 ctx.prim, *_up(do[:, h], q[:, h], k[:, h], v[:, h], o[:, h]), r[:, h], c[:, h], kpad, qpad
             )
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 class FusedHNAS(torch.autograd.Function):
@@ -193,7 +196,8 @@ class FusedHNAS(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, u, kpad, qpad, prim):
+    def forward(ctx, q, k, v, u, kpad, qpad, prim, same=False):
+        qpad = kpad if same else qpad
         out = _output_buffer(q)
         r_d, r_u = (q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype)) for _ in range(2))
         c = k.new_empty(k.shape[:-1], dtype=compute_dtype(k.dtype))
@@ -206,8 +210,8 @@ class FusedHNAS(torch.autograd.Function):
             out[:, h] = torch.lerp(o_u, o_d, uu[:, h])  # step 5: u O_D + (1 - u) O_U
         if qpad is not None:
             out.masked_fill_(_rows(qpad), 0.0)
-        ctx.prim = prim
-        ctx.save_for_backward(q, k, v, u, out, r_d, c, r_u, kpad, qpad)
+        ctx.prim, ctx.same = prim, same
+        ctx.save_for_backward(q, k, v, u, out, r_d, c, r_u, kpad, None if same else qpad)
         return out
 
     @staticmethod
@@ -228,12 +232,23 @@ class FusedHNAS(torch.autograd.Function):
         return oz, o_u
 
     @staticmethod
+    def _both_recomputed(prim, qh, kh, vh, c_h, kpad):
+        """[O_D, 0] and O_U, both recomputed (one pass more than
+        ``_both_outputs``, no branch on u)."""
+        o_u = prim.forward(qh, kh, vh, key_padding_bias(kpad, qh.dtype))[0]
+        o_d = prim.forward(qh, kh, vh, _key_bias(c_h, kpad))[0]
+        return _extra_channel(o_d), o_u
+
+    @staticmethod
     def backward(ctx, do):
         q, k, v, u, out, r_d, c, r_u, kpad, qpad = ctx.saved_tensors
+        qpad = kpad if ctx.same else qpad
         prim = ctx.prim
         d = q.shape[-1]
         uu = u.to(compute_dtype(q.dtype)).view(1, -1, 1, 1)
-        u_list = u.tolist()
+        # which of O_D, O_U to recompute depends on u's values: data-dependent
+        # Python, so a compiled graph recomputes both (``_both_recomputed``)
+        u_list = None if compiling() else u.tolist()
         du = torch.empty_like(u)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ubias = key_padding_bias(kpad, q.dtype)
@@ -241,7 +256,10 @@ class FusedHNAS(torch.autograd.Function):
             qh, kh, vh, out_h = _up(q[:, h], k[:, h], v[:, h], out[:, h])
             uh = uu[:, h]
             do_h = _fill(_up(do[:, h])[0], _rows(qpad), 0.0)
-            oz, o_u = FusedHNAS._both_outputs(prim, qh, kh, vh, out_h, u_list[h], c[:, h], kpad)
+            if u_list is None:
+                oz, o_u = FusedHNAS._both_recomputed(prim, qh, kh, vh, c[:, h], kpad)
+            else:
+                oz, o_u = FusedHNAS._both_outputs(prim, qh, kh, vh, out_h, u_list[h], c[:, h], kpad)
             du[h] = torch.einsum("bhtd,bhtd->h", do_h, oz[..., :d] - o_u).to(u.dtype)  # <dO, O_D - O_U>
             dq[:, h], dk[:, h], dv[:, h] = dnas_backward(
                 prim, do_h, qh, kh, vh, oz, r_d[:, h], c[:, h], kpad, qpad, scale=uh
@@ -252,12 +270,14 @@ class FusedHNAS(torch.autograd.Function):
             dq[:, h] += gq
             dk[:, h] += gk
             dv[:, h] += gv
-        return dq, dk, dv, du, None, None, None
+        return dq, dk, dv, du, None, None, None, None
 
 
 def fused_dnas(q, k, v, kpad, qpad, prim):
-    return FusedDNAS.apply(q, k, v, kpad, qpad, prim)
+    same = qpad is kpad and kpad is not None
+    return FusedDNAS.apply(q, k, v, kpad, None if same else qpad, prim, same)
 
 
 def fused_hnas(q, k, v, u, kpad, qpad, prim):
-    return FusedHNAS.apply(q, k, v, u, kpad, qpad, prim)
+    same = qpad is kpad and kpad is not None
+    return FusedHNAS.apply(q, k, v, u, kpad, None if same else qpad, prim, same)

@@ -9,11 +9,13 @@ uniform clamped to [tiny, 1 - eps] of float32, so it lies in about
 """
 
 import math
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from fairseq_dnas.attention.tracing import compiling
 
 _F32 = torch.finfo(torch.float32)
 U_LOW = _F32.tiny  # smallest normal float32 > 0: -log(U) = 87.3, finite
@@ -59,6 +61,31 @@ def uniform_float32(shape, *, generator: Optional[torch.Generator] = None) -> Te
     return mantissa.view(torch.float32).sub_(1.0).view(shape)  # exact: k 2^-23 in [0, 1 - 2^-23]
 
 
+def _uniform_fake(shape):
+    return torch.empty(shape, dtype=torch.float32)
+
+
+def _register_uniform_op():
+    """``uniform_float32`` from torch's default generator as one opaque op of
+    a compiled graph: NumPy's generator cannot be traced, and a graph break
+    (or torch's own random ops, another stream) would follow otherwise. The
+    same draws as eager for the same seed; the tag keeps two calls from being
+    merged into one. None on torch without ``torch.library.custom_op``."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+
+    @torch.library.custom_op("fairseq_dnas::uniform_float32", mutates_args=(),
+                             tags=(torch.Tag.nondeterministic_seeded,))
+    def uniform_op(shape: List[int]) -> Tensor:
+        return uniform_float32(tuple(shape))
+
+    uniform_op.register_fake(_uniform_fake)
+    return uniform_op
+
+
+_uniform_op = _register_uniform_op()
+
+
 def exponential_noise(shape, *, device=None, generator: Optional[torch.Generator] = None) -> Tensor:
     """E = -log U ~ Exp(1) in float32, U uniform clamped to [tiny, 1 - eps] of
     float32, so E lies in [E_LOW, E_HIGH] (about [1.2e-7, 87.3]); the
@@ -72,7 +99,11 @@ def exponential_noise(shape, *, device=None, generator: Optional[torch.Generator
     """
     device = torch.device("cpu") if device is None else torch.device(device)
     if device.type == "cpu":
-        return uniform_float32(shape, generator=generator).clamp_(U_LOW, U_HIGH).log_().neg_()  # E = -log U
+        if generator is None and _uniform_op is not None and compiling():
+            u = _uniform_op([int(n) for n in shape])
+        else:
+            u = uniform_float32(shape, generator=generator)
+        return u.clamp_(U_LOW, U_HIGH).log_().neg_()  # E = -log U
     return torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator).clamp_(
         E_LOW, E_HIGH)
 

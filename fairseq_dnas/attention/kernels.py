@@ -25,9 +25,10 @@ import torch
 from torch import Tensor
 
 from fairseq_dnas.attention import functional as AF
-from fairseq_dnas.attention import dispatch, primitives, selfcheck
+from fairseq_dnas.attention import dispatch, primitives, selection, selfcheck, triton_op
 from fairseq_dnas.attention.dense import dense_probs
 from fairseq_dnas.attention.fused import fused_dnas, fused_hnas
+from fairseq_dnas.attention.tracing import compiling
 from fairseq_dnas.attention.selection import (  # noqa: F401 (the callers' names for them)
     PATH_ENV, PATHS, Choice, choose_path, dropout_active, dropout_p)
 
@@ -58,6 +59,7 @@ def attend(
     need_weights: bool = False,
     path: Optional[str] = None,
     query_padding_mask: Optional[Tensor] = None,
+    score_bias: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention output for scaled queries ``q`` and keys/values ``k``, ``v``.
 
@@ -69,6 +71,13 @@ def attend(
     Probabilities are computed in float32 and cast back to the dtype of ``v``
     before ``@ V``, as fairseq does. ``path`` picks the execution path (see the
     module docstring); all paths give the same result.
+
+    ``score_bias`` (1 or B, H or 1, T_q, T_k), e.g. T5's relative position
+    bias, is added to the scores before the scheme normalizes them: the
+    scheme runs over S + B (``docs/math.md#a-biased-score``), with a gradient
+    for B. It runs on the paths that hold the score matrix, 'dense' and
+    'materialized' ('auto' takes them); the fused paths and the Triton
+    kernels take no score bias.
     """
     if scheme == "hnas":
         _check_hybrid_weight_given(hybrid_weight, q.shape[1])
@@ -79,6 +88,8 @@ def attend(
             f"cross-attention ({q.shape[-2]} queries, {k.shape[-2]} keys) with a key padding mask "
             "needs query_padding_mask (B, T_q), all False when no query is padded"
         )
+    if score_bias is not None:
+        path = _biased_path(path, sinkhorn_iters)
     decision = dispatch.resolve(q, k, scheme=scheme, padding=pad is not None or qpad is not None,
                                 sinkhorn_iters=sinkhorn_iters, dropout=dropout, need_weights=need_weights, path=path)
     chosen = decision.path
@@ -94,15 +105,31 @@ def attend(
         return fused_hnas(q, k, v, hybrid_weight, pad, qpad, prim), None
 
     if chosen == "dense":
-        probs = dense_probs(q, k, scheme, pad, qpad, hybrid_weight)
+        probs = dense_probs(q, k, scheme, pad, qpad, hybrid_weight, score_bias)
     else:
         scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T_q, T_k)
+        if score_bias is not None:
+            scores = scores + score_bias  # S + B
         probs = materialized_probs(scores, scheme, pad, hybrid_weight, sinkhorn_iters, qpad)
     p = probs.to(v.dtype)
     if dropout is not None:
         p = dropout(p)
     out = torch.matmul(p, v)  # (B, H, T_q, D)
     return out, (probs if need_weights else None)
+
+
+def _biased_path(path: Optional[str], sinkhorn_iters: int) -> str:
+    """The path of a call with a score bias: 'auto' -> 'dense' ('materialized'
+    for Sinkhorn rounds); a forced path without the score matrix is refused."""
+    requested = selection.requested_path(path)
+    if requested == "auto":
+        return "materialized" if sinkhorn_iters > 1 else "dense"
+    if requested not in ("dense", "materialized"):
+        raise ValueError(
+            f"attention path {requested!r} takes no score bias (a position bias added to the scores, as T5's): "
+            f"use path 'auto', 'dense' or 'materialized' (unset {PATH_ENV})"
+        )
+    return requested
 
 
 def _check_hybrid_weight_given(hybrid_weight: Optional[Tensor], heads: int) -> None:
@@ -123,7 +150,14 @@ def _run_triton(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weight
     """The output of ``decision.function`` (the Triton kernels), or None on the
     ``auto`` path where they are off for ``decision.checked`` (the first-use
     check failed now or before, or they cannot compile or launch now: then
-    off from here on). Forced by name (``checked`` None): no check, no None."""
+    off from here on). Forced by name (``checked`` None): no check, no None.
+    Inside a compiled graph: the kernels as one custom op (``triton_op``),
+    which runs the check itself when the graph runs."""
+    if compiling() and triton_op.triton_attention_op is not None:
+        return triton_op.attention(q, k, v, hybrid_weight=hybrid_weight if scheme == "hnas" else None,
+                                   key_padding_mask=pad, query_padding_mask=qpad, dropout_p=decision.dropout_p,
+                                   sinkhorn_iters=sinkhorn_iters, kernels=decision.kernels, scheme=scheme,
+                                   checked=decision.checked is not None), None
     if decision.checked is None:
         return _triton_output(decision, q, k, v, scheme, pad, qpad, hybrid_weight, need_weights, sinkhorn_iters)
     if not selfcheck.triton_usable(decision.checked, decision.function):

@@ -10,6 +10,13 @@ models' discrete attention, ``attention.discrete.discrete_attention`` (J.
 Kinley, 2020, Section 4.1: the Gumbel-softmax relaxation in training, the
 argmax by index at inference); causal self-attention and cross-attention go
 to transformers' own ``sdpa_attention_forward``.
+
+A score bias a model passes as ``position_bias`` (T5, mT5, UMT5: the relative
+position bias, with ``scaling`` = 1) is added to the scores, and the scheme
+runs over S + B (``docs/math.md#a-biased-score``). Nothing here branches on a
+tensor's values inside a compiled graph (``attention.tracing.compiling``): the
+mask checks become tensor asserts there, so ``torch.compile`` and
+``torch.export`` see one graph.
 """
 
 from typing import Optional
@@ -23,6 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from fairseq_dnas.attention import kernels
 from fairseq_dnas.attention.discrete import discrete_attention
 from fairseq_dnas.attention.functional import SCHEMES as KERNEL_SCHEMES
+from fairseq_dnas.attention.tracing import compiling
 
 DISCRETE = "discrete"
 SCHEMES = KERNEL_SCHEMES + (DISCRETE,)
@@ -51,6 +59,17 @@ def infer_role(module, name: str = "") -> str:
     return "self"
 
 
+def _require(ok: Tensor, message: str) -> None:
+    """ValueError(message) unless the boolean tensor ``ok`` is True. Inside a
+    compiled graph the same check is a tensor op (``torch._assert_async``:
+    a RuntimeError with the same message when the graph runs) instead of
+    data-dependent Python, which would break the graph."""
+    if compiling():
+        torch._assert_async(ok, message)
+    elif not bool(ok):
+        raise ValueError(message)
+
+
 def key_padding_mask(mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:
     """The (B, T) key padding mask (True at padding) behind transformers' 4D mask.
 
@@ -60,6 +79,10 @@ def key_padding_mask(mask: Optional[Tensor], batch: int, length: int) -> Optiona
     local layers, custom 4D masks, biases) is refused: DNAS normalizes each
     key's column over the queries that see it, and the project's kernels and
     float64 reference cover padding masks only.
+
+    None when there is no mask, or (eager only) when no position is padded;
+    inside a compiled graph the mask is returned as it is (all False without
+    padding: the same result, without a data-dependent branch).
     """
     if mask is None:
         return None
@@ -69,22 +92,34 @@ def key_padding_mask(mask: Optional[Tensor], batch: int, length: int) -> Optiona
         keep = mask
     else:
         blocked = mask <= torch.finfo(mask.dtype).min / 2
-        if not bool(((mask == 0) | blocked).all()):
-            raise ValueError(
-                "DNAS takes padding masks only; this additive mask carries a bias (values other than 0 "
-                "and -inf): use attn_implementation='sdpa' for this model"
-            )
+        _require(((mask == 0) | blocked).all(),
+                 "DNAS takes padding masks only; this additive mask carries a bias (values other than 0 "
+                 "and -inf): use attn_implementation='sdpa' for this model")
         keep = ~blocked
     keep = keep.expand(batch, -1, length, length) if keep.shape[-2] == 1 else keep
     rows = keep[:, :1, :1, :]
-    if not torch.equal(keep, rows.expand_as(keep)):
-        raise ValueError(
-            "DNAS/HNAS got an attention mask that is not a key padding mask (a sliding-window, local or "
-            "custom 4D mask): only padding masks are supported; use attn_implementation='sdpa' for this model "
-            "or a model with full bidirectional attention"
-        )
+    _require((keep == rows).all(),
+             "DNAS/HNAS got an attention mask that is not a key padding mask (a sliding-window, local or "
+             "custom 4D mask): only padding masks are supported; use attn_implementation='sdpa' for this model "
+             "or a model with full bidirectional attention")
     pad = ~rows[:, 0, 0, :]
+    if compiling():
+        return pad
     return pad if bool(pad.any()) else None
+
+
+def score_bias(bias: Optional[Tensor], batch: int, heads: int, length: int) -> Optional[Tensor]:
+    """T5's ``position_bias``, checked: an additive score bias of shape
+    (1 or B, 1 or H, T, T), on which the scheme runs over S + B."""
+    if bias is None:
+        return None
+    shape = tuple(bias.shape)
+    if bias.dim() != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads) or shape[2:] != (length, length):
+        raise ValueError(
+            f"DNAS takes a position bias of shape (1 or B, 1 or H, T, T) = (1 or {batch}, 1 or {heads}, {length}, "
+            f"{length}); got {shape}: use attn_implementation='sdpa' for this model"
+        )
+    return bias
 
 
 class _Dropout:
@@ -141,7 +176,7 @@ def attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    for unsupported in ("position_bias", "softcap", "sinks", "s_aux"):
+    for unsupported in ("softcap", "sinks", "s_aux"):
         if kwargs.get(unsupported) is not None:
             raise ValueError(
                 f"DNAS/HNAS does not take {unsupported!r} (this model adds it to the attention scores): "
@@ -152,13 +187,16 @@ def attention_forward(
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     batch, heads, length, head_dim = query.shape
     pad = key_padding_mask(attention_mask, batch, length)
+    bias = score_bias(kwargs.get("position_bias"), batch, heads, length)  # T5: S + B
+    # T5 passes scaling = 1 (its scores are not divided by sqrt(d)); None: 1/sqrt(d)
     scale = head_dim**-0.5 if scaling is None else scaling
     need_weights = bool(kwargs.get("output_attentions", False))
     if scheme == DISCRETE:
         # Eq. 4.1: each query and head takes one key; no attention dropout on a sample
         tau, hard = discrete_settings(module)
         out, weights = discrete_attention(query, key, value, scale=scale, tau=tau, hard=hard,
-                                          training=module.training, key_padding_mask=pad, need_weights=need_weights)
+                                          training=module.training, key_padding_mask=pad, need_weights=need_weights,
+                                          score_bias=bias)
         return out.transpose(1, 2).contiguous(), None if weights is None else weights.to(query.dtype)
     u = hybrid_weight(module, heads) if scheme == "hnas" else None
     out, weights = kernels.attend(
@@ -170,6 +208,7 @@ def attention_forward(
         hybrid_weight=u,
         dropout=_Dropout(dropout) if dropout > 0 else None,
         need_weights=need_weights,
+        score_bias=bias,
     )
     return out.transpose(1, 2).contiguous(), weights
 
