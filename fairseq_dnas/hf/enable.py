@@ -27,7 +27,8 @@ from fairseq_dnas.attention.gumbel_schedule import check_temperature
 from fairseq_dnas.attention.hybrid import HYBRID_PER, check_hybrid_init, hybrid_logit
 from fairseq_dnas.hf.attention import DISCRETE, HARD_ATTR, ROLE_ATTR, SCHEMES, TEMPERATURE_ATTR, infer_role, register
 
-TESTED = ("BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder), Whisper (encoder), ViT, "
+TESTED = ("BERT, RoBERTa, XLM-R, ALBERT, DistilBERT, ELECTRA, BART/mBART/PEGASUS (encoder), T5/mT5/UMT5 (encoder), "
+          "Whisper (encoder), ViT, "
           "DINOv2, SigLIP, CLIP (vision tower), wav2vec 2.0, HuBERT")
 LOGIT = "hybrid_logit"
 
