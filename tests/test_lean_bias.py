@@ -99,3 +99,81 @@ def test_biased_forward_and_gradients_match_float64(scheme, dtype, bias_batch, p
 def test_biased_cross_attention_right_padding(scheme):
     """T_q != T_k, right padding, a bias per batch row."""
     check_biased(scheme, F32, 2, left=False, tq=13, tk=19)
+
+
+# --- kernels.attend with a score bias -------------------------------------------------------------------------
+
+
+def test_attend_runs_the_lean_kernels_with_a_bias(monkeypatch):
+    """``kernels.attend(score_bias=B)`` on the Triton path with the lean set:
+    the lean kernels run (no dense score matrix), output and gradients (q, k,
+    v, B, u) equal the 'dense' path's, itself held to float64 in
+    tests/test_hf_t5.py; the probabilities it returns are those of S + B."""
+    from launches import count_launches
+
+    from fairseq_dnas.attention import kernels, selection
+
+    monkeypatch.setenv(selection.SHORT_ENV, "0")
+    monkeypatch.setenv(selection.LEAN_ENV, "1")
+    q, k, v, do, u, bias = _inputs(F32, 1, tq=19, tk=19)
+    kmask = padding_mask([19, 6], 19, False).to(DEVICE)
+    inputs = (q, k, v, bias, u)
+
+    def run(path):
+        out, probs = kernels.attend(q, k, v, scheme="hnas", padding_mask=kmask, hybrid_weight=u, path=path,
+                                    score_bias=bias, need_weights=True)
+        return out, probs, torch.autograd.grad(out, inputs, do)
+
+    with count_launches() as launches:
+        out, probs, grads = run("triton")
+    assert "_lean_backward_kernel" in launches.triton, launches.describe()
+    ref, ref_probs, ref_grads = run("dense")
+    real = ~kmask[:, None, :, None]
+    torch.testing.assert_close(out * real, ref * real, atol=1e-5, rtol=0)
+    torch.testing.assert_close(probs, ref_probs, atol=1e-6, rtol=0)
+    for name, a, b in zip(("dq", "dk", "dv", "dB", "du"), grads, ref_grads):
+        torch.testing.assert_close(a, b, atol=_grad_tol(b), rtol=0, msg=name)
+
+
+def test_a_forced_triton_path_without_the_lean_set_is_refused_in_one_line(monkeypatch):
+    from fairseq_dnas.attention import kernels, selection
+
+    monkeypatch.setenv(selection.SHORT_ENV, "0")
+    monkeypatch.setenv(selection.LEAN_ENV, "0")  # the long kernels
+    q, k, v, _, _, bias = _inputs(F32, 1, tq=5, tk=5)
+    with pytest.raises(ValueError, match="only on the lean kernels.*long kernel set") as err:
+        kernels.attend(q, k, v, scheme="dnas", path="triton", score_bias=bias)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"score_bias must be .*\(1 or 2, 1 or 2, 5, 5\)"):
+        lean.triton_attention(q, k, v, score_bias=bias[:, :, :4])
+
+
+def test_auto_with_a_bias_takes_the_lean_set_where_it_may(monkeypatch):
+    """Where 'auto' resolved the short or long kernels (as on a GPU), a biased
+    call runs the lean set (checked on first use as the lean set); with
+    deterministic algorithms or FAIRSEQ_DNAS_TRITON_LEAN=0 it takes 'dense';
+    where 'auto' resolved a CPU path, 'dense' too."""
+    import dataclasses
+
+    from fairseq_dnas.attention import dispatch, kernels, selection, selfcheck
+
+    q = torch.zeros(1, 2, 200, 64, dtype=F16)
+    for kernel_set in ("short", "long"):
+        config = selfcheck.config_of(q, "dnas", padding=True, dropout=False, sinkhorn_iters=1, kernels=kernel_set)
+        decision = dispatch.Decision("triton", kernel_set, selection.attention_function(kernel_set), 0.0, config,
+                                     "flash")
+        monkeypatch.delenv(selection.LEAN_ENV, raising=False)
+        chosen = kernels._biased_decision(decision, "auto", 1)
+        assert chosen.kernels == "lean" and chosen.function is lean.triton_attention
+        assert chosen.checked == dataclasses.replace(config, kernels="lean")
+        assert kernels._biased_decision(decision, "auto", 2).path == "materialized"  # Sinkhorn rounds
+        monkeypatch.setenv(selection.LEAN_ENV, "0")
+        assert kernels._biased_decision(decision, "auto", 1).path == "dense"
+        monkeypatch.delenv(selection.LEAN_ENV)
+        before = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert kernels._biased_decision(decision, "auto", 1).path == "dense"  # lean's dq sums are atomic
+        finally:
+            torch.use_deterministic_algorithms(before)
+    assert kernels._biased_decision(dispatch.Decision("flash"), "auto", 1).path == "dense"
