@@ -76,11 +76,13 @@ def attend(
     ``score_bias`` (1 or B, H or 1, T_q, T_k), e.g. T5's relative position
     bias, is added to the scores before the scheme normalizes them: the
     scheme runs over S + B (``docs/math.md#a-biased-score``), with a gradient
-    for B. It runs on the paths that hold the score matrix, 'dense' and
-    'materialized', and on the lean Triton kernels (one normalization round,
-    eagerly): 'auto' takes the lean kernels where it chooses them, else
-    'dense' ('materialized' for Sinkhorn rounds); the CPU fused paths and the
-    other Triton sets are refused when forced.
+    for B. It runs eagerly on every path but the short and long Triton
+    kernel sets: 'dense', 'materialized', the CPU fused paths ('flash',
+    'blockwise': B added to each pass's bias, T x T per group of heads) and
+    the lean Triton kernels (one normalization round). 'auto' takes the lean
+    kernels where it would run any Triton set and they may run, the fused
+    paths where it chooses them, else 'dense' ('materialized' for Sinkhorn
+    rounds); inside a compiled graph 'dense' or 'materialized' only.
     """
     if scheme == "hnas":
         _check_hybrid_weight_given(hybrid_weight, q.shape[1])
@@ -107,8 +109,8 @@ def attend(
     if chosen in ("flash", "blockwise"):
         prim = primitives.FLASH_CPU if chosen == "flash" else primitives.BLOCKWISE
         if scheme == "dnas":
-            return fused_dnas(q, k, v, pad, qpad, prim), None
-        return fused_hnas(q, k, v, hybrid_weight, pad, qpad, prim), None
+            return fused_dnas(q, k, v, pad, qpad, prim, score_bias), None
+        return fused_hnas(q, k, v, hybrid_weight, pad, qpad, prim, score_bias), None
 
     if chosen == "dense":
         probs = dense_probs(q, k, scheme, pad, qpad, hybrid_weight, score_bias)
@@ -129,18 +131,18 @@ def _biased_cpu_path(sinkhorn_iters: int) -> str:
 
 
 def _biased_path(path: Optional[str], sinkhorn_iters: int) -> str:
-    """The path requested for a call with a score bias: 'auto' and 'triton'
-    go on to ``dispatch.resolve`` (``_biased_decision`` then keeps the lean
-    kernels or takes the score matrix); inside a compiled graph 'auto' takes
-    'dense' (the kernels' custom op has no bias input); a forced CPU path
-    without the score matrix is refused."""
+    """The path requested for a call with a score bias: every path goes on to
+    ``dispatch.resolve`` (``_biased_decision`` then keeps the lean kernels
+    or takes the score matrix); inside a compiled graph 'auto' takes
+    'dense' (the kernels' custom op has no bias input, the fused paths'
+    bias gradient is not traced), and a forced fused path is refused."""
     requested = selection.requested_path(path)
     if requested == "auto" and compiling():
         return _biased_cpu_path(sinkhorn_iters)
-    if requested not in ("auto", "triton", "dense", "materialized"):
+    if compiling() and requested in ("flash", "blockwise", "fused"):
         raise ValueError(
-            f"attention path {requested!r} takes no score bias (a position bias added to the scores, as T5's): "
-            f"use path 'auto', 'dense' or 'materialized' (unset {PATH_ENV})"
+            f"attention path {requested!r} takes no score bias (a position bias added to the scores, as T5's) "
+            f"inside a compiled graph: use path 'auto', 'dense' or 'materialized' (unset {PATH_ENV})"
         )
     return requested
 
@@ -150,8 +152,9 @@ def _biased_decision(decision: dispatch.Decision, path: str, sinkhorn_iters: int
     'auto' resolved the short or the long kernel set, the lean set where it
     may run (one round, no deterministic algorithms, not
     FAIRSEQ_DNAS_TRITON_LEAN=0: else the score matrix, O(T^2) memory); where
-    'auto' resolved a CPU path, the score matrix ('dense', 'materialized' for
-    Sinkhorn rounds); a forced 'triton' on another kernel set is refused."""
+    'auto' resolved another CPU path than the fused ones, the score matrix
+    ('dense', 'materialized' for Sinkhorn rounds); a forced 'triton' on
+    another kernel set is refused."""
     if decision.path == "triton" and decision.kernels == "lean" and not compiling():
         return decision
     if (decision.path == "triton" and decision.checked is not None and sinkhorn_iters == 1 and not compiling()
@@ -159,7 +162,7 @@ def _biased_decision(decision: dispatch.Decision, path: str, sinkhorn_iters: int
         return dataclasses.replace(decision, kernels="lean", function=selection.attention_function("lean"),
                                    checked=dataclasses.replace(decision.checked, kernels="lean"))
     if decision.path != "triton" or selection.requested_path(path) == "auto":
-        return decision if decision.path in ("dense", "materialized") else dispatch.Decision(
+        return decision if decision.path in ("dense", "materialized", "flash", "blockwise") else dispatch.Decision(
             _biased_cpu_path(sinkhorn_iters))
     why = "inside a compiled graph" if compiling() else f"on the {decision.kernels} kernel set"
     raise ValueError(
