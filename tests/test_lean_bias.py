@@ -152,7 +152,7 @@ def test_auto_with_a_bias_takes_the_lean_set_where_it_may(monkeypatch):
     """Where 'auto' resolved the short or long kernels (as on a GPU), a biased
     call runs the lean set (checked on first use as the lean set); with
     deterministic algorithms or FAIRSEQ_DNAS_TRITON_LEAN=0 it takes 'dense';
-    where 'auto' resolved a CPU path, 'dense' too."""
+    where 'auto' resolved a fused CPU path, that path (it takes B too)."""
     import dataclasses
 
     from fairseq_dnas.attention import dispatch, kernels, selection, selfcheck
@@ -176,4 +176,4 @@ def test_auto_with_a_bias_takes_the_lean_set_where_it_may(monkeypatch):
             assert kernels._biased_decision(decision, "auto", 1).path == "dense"  # lean's dq sums are atomic
         finally:
             torch.use_deterministic_algorithms(before)
-    assert kernels._biased_decision(dispatch.Decision("flash"), "auto", 1).path == "dense"
+    assert kernels._biased_decision(dispatch.Decision("flash"), "auto", 1).path == "flash"  # takes B too
