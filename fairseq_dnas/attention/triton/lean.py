@@ -55,6 +55,13 @@ G = Z' (dO V^T), E_D[i] = u dO_i . O_D,i, E_U[i] = dO_i . out_i - E_D[i])
     2. dq to the input dtype (one torch copy; none for float32), and HNAS's
        dL/du summed over the queries and the batch (one torch sum).
 
+A score bias B (1 or B, 1 or H, T_q, T_k; T5's position bias) is read as
+a tile in every pass and added to q . k before the factor L, so every
+formula above holds for s = q . k + B; the backward adds loop 2's ds (dL/dS
+= dL/dB) into a float32 dB of B's shape with atomic adds (stride 0 where B
+is broadcast: the batch rows of a shared bias sum there, in memory the size
+of B). ``docs/math.md#a-biased-score``.
+
 Padding, strides and tiles as in long.py: c2 = +inf at padded keys and past
 T_k, r2 = +inf at padded queries, so no mask is loaded in the loops; every
 tensor is read and written with its own strides; tiles from ``tiles.py``
