@@ -503,7 +503,10 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed, bias=None):
             heads, tq, tk, d,
             HYBRID=hybrid, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
-        bm, bn, warps, stages = kernel_tile("lean_forward_hnas" if hybrid else "lean_forward", d, q.dtype)
+        # a bias tile holds as many registers as HNAS's second softmax: DNAS with a bias takes HNAS's tiles
+        # (fp16:64 on sm90, Triton 3.9: DNAS's own spill 224 bytes, docs/results/2026-11-29-lean-bias-spills.md)
+        bm, bn, warps, stages = kernel_tile("lean_forward_hnas" if hybrid or bias is not None else "lean_forward", d,
+                                            q.dtype)
         _lean_forward_kernel[grid(tq, bm, bsz, heads)](
             q, k, v, c2, cb, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, er, ar,
             qpad_arg, bias_arg,
@@ -543,7 +546,8 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu, er,
             HYBRID=hybrid, HAS_PAD=qpad is not None, INT64=int64, BLOCK_M=bm, BLOCK_D=block_d(d),
             num_warps=warps, num_stages=STAGES,
         )
-        bm, bn, warps, stages = kernel_tile("lean_backward_hnas" if hybrid else "lean_backward", d, q.dtype)
+        bm, bn, warps, stages = kernel_tile("lean_backward_hnas" if hybrid or bias is not None else "lean_backward",
+                                            d, q.dtype)
         _lean_backward_kernel[grid(tk, bn, bsz, heads)](
             q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, er, ar, e_d, e_u, mu, dq32, dk, dv,
             bias_arg, db_arg,
