@@ -46,6 +46,7 @@ instructions come from.
     python benchmarks/triton_spills.py --compare before.json after.json   # two --json runs side by side
     python benchmarks/triton_spills.py --short 0 --lean 1 --sinkhorn 1 --json lean.json   # the lean kernels
     python benchmarks/triton_spills.py --sets long.json lean.json       # instructions a score, set by set
+    python benchmarks/triton_spills.py --cases fp16:64 --short 0 --lean 1 --sinkhorn 1 --bias   # lean with T5's bias
     python benchmarks/triton_spills.py --cases fp16:64 --lean-candidates benchmarks/lean_tile_candidates.json
                                         # the lean tile candidates without spills (triton_tiles.py --lean times them)
 
