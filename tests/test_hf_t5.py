@@ -117,6 +117,19 @@ def test_fused_paths_take_a_bias_per_sentence_and_one_for_all_heads(scheme, path
     assert calls == [primitives.FLASH_CPU.name if path == "flash" else "blockwise"] * 2
 
 
+def test_inside_a_compiled_graph_a_bias_takes_the_score_matrix(monkeypatch):
+    """While traced, 'auto' with a bias takes 'dense' ('materialized' for
+    Sinkhorn rounds); a forced fused path is refused in one line."""
+    monkeypatch.setattr(kernels, "compiling", lambda: True)
+    assert kernels._biased_path("auto", 1) == "dense"
+    assert kernels._biased_path("auto", 3) == "materialized"
+    for path in ("fused", "flash", "blockwise"):
+        with pytest.raises(ValueError, match=f"attention path '{path}' takes no score bias.*inside a compiled graph"):
+            kernels._biased_path(path, 1)
+    monkeypatch.setattr(kernels, "compiling", lambda: False)
+    assert kernels._biased_path("flash", 1) == "flash"  # eagerly the fused paths take it
+
+
 def test_discrete_takes_the_bias():
     """Discrete: the argmax of S + B at inference; in training the relaxed
     sample softmax(S + B + G) (tau = 1) with the same noise G."""
