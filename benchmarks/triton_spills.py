@@ -46,6 +46,7 @@ instructions come from.
     python benchmarks/triton_spills.py --compare before.json after.json   # two --json runs side by side
     python benchmarks/triton_spills.py --short 0 --lean 1 --sinkhorn 1 --json lean.json   # the lean kernels
     python benchmarks/triton_spills.py --sets long.json lean.json       # instructions a score, set by set
+    python benchmarks/triton_spills.py --cases fp16:64 --short 0 --lean 1 --sinkhorn 1 --bias   # lean with T5's bias
     python benchmarks/triton_spills.py --cases fp16:64 --lean-candidates benchmarks/lean_tile_candidates.json
                                         # the lean tile candidates without spills (triton_tiles.py --lean times them)
 
@@ -173,10 +174,14 @@ def capture(case, args, sinkhorn_iters):
                                for _ in range(3))
                     u = torch.full((heads,), 0.5, requires_grad=True) if hybrid else None
                     scheme = "hnas" if hybrid else "dnas"
-                    attention = selection.attention_function(
-                        selection.kernel_set(iters, length, length, head, torch_dtype, scheme))
+                    kernel_set = selection.kernel_set(iters, length, length, head, torch_dtype, scheme)
+                    attention = selection.attention_function(kernel_set)
+                    extra = {}
+                    if getattr(args, "bias", False) and kernel_set == "lean":  # T5's (1, H, T, T), learned
+                        extra["score_bias"] = torch.randn(1, heads, length, length, generator=gen).to(
+                            torch_dtype).requires_grad_()
                     out = attention(q, k, v, hybrid_weight=u, key_padding_mask=pad,
-                                                  query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters)
+                                    query_padding_mask=pad, dropout_p=p, sinkhorn_iters=iters, **extra)
                     out.float().sum().backward()
     finally:
         JITFunction.run = original
@@ -494,6 +499,9 @@ def main(argv=None):
     p.add_argument("--lean", choices=selection.LEAN_MODES, default="auto",
                    help="FAIRSEQ_DNAS_TRITON_LEAN for the calls: 1 compiles the lean kernels (triton/lean.py) "
                         "where the long ones would run, 0 never, auto (default) as selection.LEAN_CHOSEN says")
+    p.add_argument("--bias", action="store_true",
+                   help="the calls of the lean kernels add a score bias (1, H, T, T), as T5's position bias "
+                        "(the other sets take none)")
     p.add_argument("--sets", nargs="+", metavar="RUN.json",
                    help="only print each kernel set's instructions a score summed over its kernels, from "
                         "--json runs (e.g. one with --short 0 --lean 0 and one with --short 0 --lean 1)")

@@ -48,7 +48,10 @@ def _inputs(heads=3, t=6, d=4):
 # Tier 1: the attention function ---------------------------------------------
 
 @pytest.mark.parametrize("scheme,path", [("dnas", "auto"), ("hnas", "auto"), ("dnas", "materialized"),
-                                         pytest.param("hnas", "materialized", marks=pytest.mark.full)])
+                                         ("dnas", "flash"), ("hnas", "blockwise"),
+                                         pytest.param("hnas", "materialized", marks=pytest.mark.full),
+                                         pytest.param("hnas", "flash", marks=pytest.mark.full),
+                                         pytest.param("dnas", "blockwise", marks=pytest.mark.full)])
 def test_biased_scores_match_float64_reference(scheme, path, monkeypatch):
     """scaling = 1 as T5 passes it: the scheme over q k^T + B, no 1/sqrt(d)."""
     if path != "auto":
@@ -75,6 +78,56 @@ def test_biased_scores_match_float64_reference(scheme, path, monkeypatch):
     for name, a, b in zip(["q", "k", "v", "bias", "u"], grads, ref_grads):
         torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-4, msg=name)
     assert grads[3][..., 4:].abs().sum() > 0 and grads[3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("scheme,path", [("hnas", "flash"), ("dnas", "blockwise")])
+def test_fused_paths_take_a_bias_per_sentence_and_one_for_all_heads(scheme, path, monkeypatch):
+    """The fused CPU paths with a bias (B, H, T_q, T_k) and one (1, 1, T_q,
+    T_k) shared by the batch and the heads, cross-attention (T_q 5 != T_k 7)
+    with key and query padding, in float64: output and gradients (q, k, v,
+    B, u) equal the materialized path's; dB summed over what B is shared by.
+    Blockwise in blocks of 2 queries (the bias's rows sliced per block); the
+    fused function runs (no fallback)."""
+    from fairseq_dnas.attention import primitives
+
+    monkeypatch.setattr(primitives, "BLOCKWISE", primitives.Blockwise(block=2))
+    calls = []
+    fused = getattr(kernels, f"fused_{scheme}")
+    monkeypatch.setattr(kernels, f"fused_{scheme}", lambda *a: calls.append(a[-2].name) or fused(*a))
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 3, 7, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    u = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64, requires_grad=True)
+    kpad = torch.zeros(2, 7, dtype=torch.bool)
+    kpad[1, 4:] = True
+    qpad = torch.zeros(2, 5, dtype=torch.bool)
+    qpad[1, 3:] = True
+    do = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) * (~qpad)[:, None, :, None]
+    for shape in ((2, 3, 5, 7), (1, 1, 5, 7)):
+        bias = (torch.randn(shape, generator=g, dtype=torch.float64) * 2).requires_grad_()
+        wrt = (q, k, v, bias) + ((u,) if scheme == "hnas" else ())
+        results = []
+        for run in (path, "materialized"):
+            out, _ = kernels.attend(q, k, v, scheme=scheme, padding_mask=kpad, query_padding_mask=qpad,
+                                    hybrid_weight=u if scheme == "hnas" else None, path=run, score_bias=bias)
+            results.append((out, *torch.autograd.grad(out, wrt, do)))
+        for name, a, b in zip(("out", "q", "k", "v", "bias", "u"), *results):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0, msg=name)
+        assert results[0][4].abs().amax() > 1e-3
+    assert calls == [primitives.FLASH_CPU.name if path == "flash" else "blockwise"] * 2
+
+
+def test_inside_a_compiled_graph_a_bias_takes_the_score_matrix(monkeypatch):
+    """While traced, 'auto' with a bias takes 'dense' ('materialized' for
+    Sinkhorn rounds); a forced fused path is refused in one line."""
+    monkeypatch.setattr(kernels, "compiling", lambda: True)
+    assert kernels._biased_path("auto", 1) == "dense"
+    assert kernels._biased_path("auto", 3) == "materialized"
+    for path in ("fused", "flash", "blockwise"):
+        with pytest.raises(ValueError, match=f"attention path '{path}' takes no score bias.*inside a compiled graph"):
+            kernels._biased_path(path, 1)
+    monkeypatch.setattr(kernels, "compiling", lambda: False)
+    assert kernels._biased_path("flash", 1) == "flash"  # eagerly the fused paths take it
 
 
 def test_discrete_takes_the_bias():
@@ -108,9 +161,10 @@ def test_biases_that_cannot_be_dnas_are_refused(monkeypatch):
     local = torch.ones(6, 6).triu(-1).tril(1).bool()[None, None].expand(2, 1, 6, 6)  # a sliding window
     with pytest.raises(ValueError, match="not a key padding mask"):
         attention_forward("dnas", _Module(3), q, k, v, local, scaling=1.0, position_bias=bias)
-    for path in ("fused", "triton"):  # paths without the score matrix take no bias
+    # the Triton kernels take a bias only in their lean set (short inputs: the short set)
+    for path, message in (("triton", "only on the lean kernels"),):
         monkeypatch.setenv(kernels.PATH_ENV, path)
-        with pytest.raises(ValueError, match="takes no score bias") as err:
+        with pytest.raises(ValueError, match=message) as err:
             attention_forward("dnas", _Module(3), q, k, v, mask, scaling=1.0, position_bias=bias)
         assert "\n" not in str(err.value)
 

@@ -6,7 +6,8 @@ key bias, forward (returning the row log-sum-exp) and backward.
 
 with ``out[i] = sum_j softmax_j(q_i . k_j + bias_j) v_j`` and
 ``lse[i] = logsumexp_j(q_i . k_j + bias_j)``; q is already scaled. Shapes:
-q (B, H, T_q, D), k and v (B, H, T_k, D), bias (B, 1 or H, 1, T_k) or None,
+q (B, H, T_q, D), k and v (B, H, T_k, D), bias (B, 1 or H, 1, T_k), or a
+bias per score (B or 1, 1 or H, T_q, T_k) (a score bias, ``fused.py``), or None,
 out (B, H, T_q, D), lse (B, H, T_q); bias and lse in float32 (float64 for
 float64 inputs), ``functional.compute_dtype``. The backward follows the
 flash-attention convention: it takes ``out`` as given and uses
@@ -75,6 +76,11 @@ class Blockwise:
     def supports(x: Tensor) -> bool:
         return True
 
+    @staticmethod
+    def _bias_rows(bias: Optional[Tensor], a: int, b: int) -> Optional[Tensor]:
+        """The rows [a, b) of a bias per score; a key bias (one row) as it is."""
+        return bias if bias is None or bias.shape[-2] == 1 else bias[..., a:b, :]
+
     def _probs(self, q_blk: Tensor, k: Tensor, bias: Optional[Tensor], lse: Optional[Tensor]):
         s = torch.matmul(q_blk, k.transpose(-1, -2)).to(compute_dtype(q_blk.dtype))  # (B, H, b, T_k)
         if bias is not None:
@@ -88,7 +94,7 @@ class Blockwise:
         lse = torch.empty(q.shape[:-1], dtype=compute_dtype(q.dtype), device=q.device)
         for a in range(0, q.shape[-2], self.block):
             b = min(a + self.block, q.shape[-2])
-            p, m = self._probs(q[..., a:b, :], k, bias, None)
+            p, m = self._probs(q[..., a:b, :], k, self._bias_rows(bias, a, b), None)
             out[..., a:b, :] = torch.matmul(p.to(v.dtype), v)
             lse[..., a:b] = m.squeeze(-1)
         return out, lse
@@ -102,7 +108,7 @@ class Blockwise:
         for a in range(0, q.shape[-2], self.block):
             b = min(a + self.block, q.shape[-2])
             q_blk, do_blk = q[..., a:b, :], dout[..., a:b, :]
-            p, _ = self._probs(q_blk, k, bias, lse[..., a:b, None])  # P, (B, H, b, T_k)
+            p, _ = self._probs(q_blk, k, self._bias_rows(bias, a, b), lse[..., a:b, None])  # P, (B, H, b, T_k)
             dv += torch.matmul(p.to(v.dtype).transpose(-1, -2), do_blk)
             # dS = P * (dP - D), dP = dout . v
             ds = torch.matmul(do_blk, v.transpose(-1, -2)).to(cd).sub_(delta[..., a:b, :]).mul_(p)

@@ -55,6 +55,13 @@ G = Z' (dO V^T), E_D[i] = u dO_i . O_D,i, E_U[i] = dO_i . out_i - E_D[i])
     2. dq to the input dtype (one torch copy; none for float32), and HNAS's
        dL/du summed over the queries and the batch (one torch sum).
 
+A score bias B (1 or B, 1 or H, T_q, T_k; T5's position bias) is read as
+a tile in every pass and added to q . k before the factor L, so every
+formula above holds for s = q . k + B; the backward adds loop 2's ds (dL/dS
+= dL/dB) into a float32 dB of B's shape with atomic adds (stride 0 where B
+is broadcast: the batch rows of a shared bias sum there, in memory the size
+of B). ``docs/math.md#a-biased-score``.
+
 Padding, strides and tiles as in long.py: c2 = +inf at padded keys and past
 T_k, r2 = +inf at padded queries, so no mask is loaded in the loops; every
 tensor is read and written with its own strides; tiles from ``tiles.py``
@@ -86,11 +93,22 @@ LOG2E = tl.constexpr(1.4426950408889634)  # L = log2(e): exp(x) = 2^(L x)
 
 
 @triton.jit
+def bias_tile(base, offs_r, offs_c, stride_r, stride_c, R, C):
+    """The score bias at rows offs_r and columns offs_c of one (batch, head)
+    plane starting at ``base``, in float32; 0 outside [0, R) x [0, C) (those
+    scores are masked by c2, r2 = +inf). A (keys, queries) tile passes the
+    key offsets and stride first."""
+    ptrs = base + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c
+    return tl.load(ptrs, mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _lean_column_kernel(
-    Q, K, C2, CB, MU, QPAD, KPAD,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
+    Q, K, C2, CB, MU, QPAD, KPAD, BIAS,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_q, sb_k,
     H, TQ, TK, D,
-    HYBRID: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+    HYBRID: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+    INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """c2[j] = L c[j] = log2 sum over real queries i of 2^(L s[i, j]) (+inf at
@@ -109,7 +127,10 @@ def _lean_column_kernel(
         q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, offs_m < TQ, D)
         # padded queries and rows past T_q stay out of c: a bias of -inf, added in the FMA with L
         q_bias = tl.where(real(QPAD, b, offs_m, TQ, HAS_PAD), 0.0, float("-inf"))
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * LOG2E + q_bias[None, :]  # (N, M): L s^T
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
+        if HAS_BIAS:  # S + B (docs/math.md#a-biased-score), then into the log2 domain with it
+            s_t += bias_tile(BIAS + b * sb_b + h * sb_h, offs_n, offs_m, sb_k, sb_q, TK, TQ)
+        s_t = s_t * LOG2E + q_bias[None, :]  # L (s + b)^T
         m_new = tl.maximum(m, tl.max(s_t, 1))
         l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(s_t - m_new[:, None]), 1)
         m = m_new
@@ -171,11 +192,12 @@ def column_factors(c2):
 
 @triton.jit
 def _lean_forward_kernel(
-    Q, K, V, C2, CB, U, SEED, OUT, OD, R2, R2U, ER, AR, QPAD,
+    Q, K, V, C2, CB, U, SEED, OUT, OD, R2, R2U, ER, AR, QPAD, BIAS,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
-    so_b, so_h, so_t, so_d,
+    so_b, so_h, so_t, so_d, sb_b, sb_h, sb_q, sb_k,
     H, TQ, TK, D, drop_threshold,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
     INT64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """out = pi V for one query block (long.py's forward in base 2): DNAS, the
@@ -212,6 +234,8 @@ def _lean_forward_kernel(
         k = load_tile(K + b * sk_b + h * sk_h, offs_n, offs_d, sk_t, sk_d, offs_n < TK, D)
         v = load_tile(V + b * sv_b + h * sv_h, offs_n, offs_d, sv_t, sv_d, offs_n < TK, D)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (M, N)
+        if HAS_BIAS:  # S + B: every term below is of the biased score
+            s += bias_tile(BIAS + b * sb_b + h * sb_h, offs_m, offs_n, sb_q, sb_k, TQ, TK)
         byte = 0
         if DROPOUT:
             byte = dropout_bytes(seed, bh, offs_m, start_n, TK, BLOCK_N)
@@ -320,12 +344,13 @@ def _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d, sdo_b
 
 @triton.jit
 def _lean_backward_kernel(
-    Q, K, V, C2, U, SEED, DO, R2, R2U, ER, AR, ED, EU, MU, DQ, DK, DV,
+    Q, K, V, C2, U, SEED, DO, R2, R2U, ER, AR, ED, EU, MU, DQ, DK, DV, BIAS, DB,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sdo_b, sdo_h, sdo_t, sdo_d, sdq_b, sdq_h, sdq_t, sdq_d, sdk_b, sdk_h, sdk_t, sdk_d,
-    sdv_b, sdv_h, sdv_t, sdv_d,
+    sdv_b, sdv_h, sdv_t, sdv_d, sb_b, sb_h, sb_q, sb_k, sdb_b, sdb_h, sdb_q, sdb_k,
     H, TQ, TK, D, drop_threshold,
-    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+    HYBRID: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    PRECISION: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dk and dv of one key block, and its share of dq added into the float32
@@ -361,6 +386,8 @@ def _lean_backward_kernel(
         offs_m, r2, q, do, e_d = _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d,
                                               sdo_b, sdo_h, sdo_t, sdo_d, TQ, D, offs_d, INT64, BLOCK_M)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
+        if HAS_BIAS:  # S + B, as in the forward
+            s_t += bias_tile(BIAS + b * sb_b + h * sb_h, offs_n, offs_m, sb_k, sb_q, TK, TQ)
         p = tl.exp2(s_t * LOG2E - c2[:, None] - r2[None, :])  # pi_D^T: 0 at padded keys and queries
         pe += tl.sum(p * e_d[None, :], 1)
         p = p.to(do.dtype)
@@ -387,6 +414,8 @@ def _lean_backward_kernel(
         offs_m, r2, q, do, e_d = _query_block(Q, DO, R2, ED, b, h, bh, start_m, sq_b, sq_h, sq_t, sq_d,
                                               sdo_b, sdo_h, sdo_t, sdo_d, TQ, D, offs_d, INT64, BLOCK_M)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (N, M)
+        if HAS_BIAS:  # S + B, as in the forward
+            s_t += bias_tile(BIAS + b * sb_b + h * sb_h, offs_n, offs_m, sb_k, sb_q, TK, TQ)
         # xi = pi_D e^r = pi_D 2^r2: 2^r2 from the forward (0 at padded rows), no exponential here
         exp_r = tl.load(ER + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
         if HYBRID:  # pi_U and pi_D from one exponential (column_factors with m = r2u; rows past T_q: e = 0)
@@ -412,6 +441,10 @@ def _lean_backward_kernel(
             if DROPOUT:
                 pz = dropped(pz, byte, t_pair)
             dv += tl.dot(pz, do, input_precision=PRECISION)
+        if BIAS_GRAD:  # dL/dB = dL/dS (B is added to S); a bias broadcast over the batch or the heads (stride
+            # 0) gathers the programs of every batch row and head into one float32 sum
+            db_ptrs = DB + b * sdb_b + h * sdb_h + offs_n[:, None] * sdb_k + offs_m[None, :] * sdb_q
+            tl.atomic_add(db_ptrs, ds, mask=(offs_n[:, None] < TK) & (offs_m[None, :] < TQ), sem="relaxed")
         ds = ds.to(q.dtype)
         qc = (q.to(tl.float32) - mu[None, :]).to(q.dtype)  # rows with ds = 0 add nothing
         dk += tl.dot(ds, qc, input_precision=PRECISION)
@@ -431,11 +464,21 @@ def _lean_backward_kernel(
 # --------------------------------------------------------------------------
 
 
-def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
+def _bias_args(bias, q, k):
+    """The score bias as the kernels read it: (pointer, its four strides over
+    (B, H, T_q, T_k), 0 along a broadcast dimension); without one, q and zeros
+    (never read: HAS_BIAS False)."""
+    if bias is None:
+        return q, (0, 0, 0, 0)
+    full = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return bias, tuple(full.stride())
+
+
+def _forward(q, k, v, u, kpad, qpad, p_drop, seed, bias=None):
     """Output, HNAS's O_D - O_U, c2, r2 (r2_u), mu, 2^r2 and HNAS's row factors
     (``_lean_forward_kernel``). ``seed`` is None without dropout (the kernels
     then read no seed: c2 stands in for the pointer, as for HNAS's buffers
-    under DNAS)."""
+    under DNAS). ``bias``: the score bias B added to every score (S + B)."""
     (bsz, heads, tq, tk, d), threshold, (hybrid, dropout, has_pad) = call_facts(q, k, u, kpad, p_drop)
     f32 = dict(dtype=torch.float32, device=q.device)
     c2 = torch.empty((bsz, heads, tk), **f32)
@@ -450,26 +493,35 @@ def _forward(q, k, v, u, kpad, qpad, p_drop, seed):
     # the float16 rounding of every term: 1e-2 of |dL/du| in the tests)
     o_d = output_buffer(q, torch.float32) if hybrid else out
     qpad_arg, kpad_arg = pad_arg(qpad, q), pad_arg(kpad, q)
-    meta = dict(PRECISION=precision(q.dtype), INT64=needs_int64(q, k, v, out), BLOCK_D=block_d(d))
+    bias_arg, bias_strides = _bias_args(bias, q, k)
+    meta = dict(PRECISION=precision(q.dtype), INT64=needs_int64(q, k, v, out, bias), BLOCK_D=block_d(d),
+                HAS_BIAS=bias is not None)
     with on_device(q):
         bm, bn, warps, stages = kernel_tile("lean_column", d, q.dtype)
         _lean_column_kernel[grid(tk, bn, bsz, heads)](
-            q, k, c2, cb, mu, qpad_arg, kpad_arg, *strides(q), *strides(k), heads, tq, tk, d,
+            q, k, c2, cb, mu, qpad_arg, kpad_arg, bias_arg, *strides(q), *strides(k), *bias_strides,
+            heads, tq, tk, d,
             HYBRID=hybrid, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
         )
-        bm, bn, warps, stages = kernel_tile("lean_forward_hnas" if hybrid else "lean_forward", d, q.dtype)
+        # a bias tile holds as many registers as HNAS's second softmax: DNAS with a bias takes HNAS's tiles
+        # (fp16:64 on sm90, Triton 3.9: DNAS's own spill 224 bytes, docs/results/2026-11-29-lean-bias-spills.md)
+        bm, bn, warps, stages = kernel_tile("lean_forward_hnas" if hybrid or bias is not None else "lean_forward", d,
+                                            q.dtype)
         _lean_forward_kernel[grid(tq, bm, bsz, heads)](
             q, k, v, c2, cb, u if hybrid else c2, c2 if seed is None else seed, out, o_d, r2, r2u, er, ar,
-            qpad_arg,
-            *strides(q), *strides(k), *strides(v), *strides(out), heads, tq, tk, d, threshold,
+            qpad_arg, bias_arg,
+            *strides(q), *strides(k), *strides(v), *strides(out), *bias_strides, heads, tq, tk, d, threshold,
             HYBRID=hybrid, DROPOUT=dropout, HAS_PAD=has_pad, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
             num_stages=stages, **meta,
         )
     return out, o_d, c2, r2, r2u, mu, er, ar
 
 
-def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar):
-    """dq, dk, dv (in buffers of their inputs' layouts) and du."""
+def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar, bias=None, bias_grad=False):
+    """dq, dk, dv (in buffers of their inputs' layouts), du and, when
+    ``bias_grad``, dB = dL/dS summed over the dimensions B is broadcast along
+    (float32 atomic adds into a buffer of B's shape: O(H T^2) memory, the size
+    of B itself, where a per-batch dS would take B times that)."""
     bsz, heads, tq, d = q.shape
     tk = k.shape[2]
     threshold = dropout_threshold(p_drop)
@@ -482,7 +534,10 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu, er,
     dq32 = torch.empty_like(q, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     u_arg = u if hybrid else c2
-    int64 = needs_int64(q, k, v, do, out, dq32, dk, dv)
+    bias_arg, bias_strides = _bias_args(bias, q, k)
+    db32 = torch.zeros(bias.shape, **f32) if bias_grad else None
+    db_arg, db_strides = _bias_args(db32, q, k)
+    int64 = needs_int64(q, k, v, do, out, dq32, dk, dv, bias, db32)
     with on_device(q):
         bm, _, warps, _ = kernel_tile("lean_forward", d, q.dtype)
         _lean_preprocess_kernel[grid(tq, bm, bsz, heads)](
@@ -491,17 +546,21 @@ def _backward(do, q, k, v, u, qpad, p_drop, seed, out, o_d, c2, r2, r2u, mu, er,
             HYBRID=hybrid, HAS_PAD=qpad is not None, INT64=int64, BLOCK_M=bm, BLOCK_D=block_d(d),
             num_warps=warps, num_stages=STAGES,
         )
-        bm, bn, warps, stages = kernel_tile("lean_backward_hnas" if hybrid else "lean_backward", d, q.dtype)
+        bm, bn, warps, stages = kernel_tile("lean_backward_hnas" if hybrid or bias is not None else "lean_backward",
+                                            d, q.dtype)
         _lean_backward_kernel[grid(tk, bn, bsz, heads)](
             q, k, v, c2, u_arg, c2 if seed is None else seed, do, r2, r2u, er, ar, e_d, e_u, mu, dq32, dk, dv,
+            bias_arg, db_arg,
             *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq32), *strides(dk), *strides(dv),
-            heads, tq, tk, d, threshold,
-            HYBRID=hybrid, DROPOUT=dropout, PRECISION=precision(q.dtype), INT64=int64,
+            *bias_strides, *db_strides, heads, tq, tk, d, threshold,
+            HYBRID=hybrid, DROPOUT=dropout, HAS_BIAS=bias is not None, BIAS_GRAD=bias_grad,
+            PRECISION=precision(q.dtype), INT64=int64,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d(d), num_warps=warps, num_stages=stages,
         )
     dq = dq32 if q.dtype == torch.float32 else dq32.to(q.dtype)
     du = du_rows.sum(dim=(0, 2)) if hybrid else None
-    return dq, dk, dv, du
+    db = None if db32 is None else db32.to(bias.dtype)
+    return dq, dk, dv, du, db
 
 
 class TritonLeanAttention(torch.autograd.Function):
@@ -509,20 +568,22 @@ class TritonLeanAttention(torch.autograd.Function):
     when u (H,) is given; padded query rows give 0."""
 
     @staticmethod
-    def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed):
+    def forward(ctx, q, k, v, u, kpad, qpad, p_drop, seed, bias=None):
         u32 = None if u is None else u.detach().float().contiguous()
-        out, o_d, c2, r2, r2u, mu, er, ar = _forward(q, k, v, u32, kpad, qpad, p_drop, seed)
+        out, o_d, c2, r2, r2u, mu, er, ar = _forward(q, k, v, u32, kpad, qpad, p_drop, seed, bias)
         ctx.p_drop = p_drop
         ctx.u_dtype = None if u is None else u.dtype
-        ctx.save_for_backward(q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar)
+        ctx.save_for_backward(q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar, bias)
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar = ctx.saved_tensors
-        dq, dk, dv, du = _backward(do, q, k, v, u32, qpad, ctx.p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar)
+        q, k, v, u32, qpad, seed, out, o_d, c2, r2, r2u, mu, er, ar, bias = ctx.saved_tensors
+        bias_grad = bias is not None and ctx.needs_input_grad[8]
+        dq, dk, dv, du, db = _backward(do, q, k, v, u32, qpad, ctx.p_drop, seed, out, o_d, c2, r2, r2u, mu, er, ar,
+                                       bias, bias_grad)
         du = None if du is None else du.to(ctx.u_dtype)
-        return dq, dk, dv, du, None, None, None, None
+        return dq, dk, dv, du, None, None, None, None, db
 
 
 def triton_attention(
@@ -536,13 +597,30 @@ def triton_attention(
     dropout_p: float = 0.0,
     seed: Optional[Tensor] = None,
     sinkhorn_iters: int = 1,
+    score_bias: Optional[Tensor] = None,
 ) -> Tensor:
     """DNAS (or, with ``hybrid_weight``, HNAS) attention output (B, H, T_q, D):
     the arguments and result of ``long.triton_attention`` (the same dropout
     mask for the same seed), one normalization round only
-    (``sinkhorn_iters`` > 1: the long kernels)."""
+    (``sinkhorn_iters`` > 1: the long kernels). ``score_bias`` (1 or B, 1 or H,
+    T_q, T_k), e.g. T5's relative position bias, is added to the scores: the
+    scheme runs over S + B (``docs/math.md#a-biased-score``), with its
+    gradient summed over the dimensions it is broadcast along."""
     if sinkhorn_iters != 1:
         raise ValueError(f"the lean Triton kernels run one normalization round; sinkhorn_iters={sinkhorn_iters} "
                          "runs the long kernels (attention/triton/long.py)")
     kpad, qpad, seed = prepare_call(q, k, key_padding_mask, query_padding_mask, dropout_p, seed)
-    return TritonLeanAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed)
+    if score_bias is not None:
+        check_score_bias(score_bias, q, k)
+    return TritonLeanAttention.apply(q, k, v, hybrid_weight, kpad, qpad, float(dropout_p), seed, score_bias)
+
+
+def check_score_bias(bias: Tensor, q: Tensor, k: Tensor) -> None:
+    """A score bias the kernels can read: (1 or B, 1 or H, T_q, T_k) on q's device (ValueError)."""
+    bsz, heads, tq = q.shape[:3]
+    shape = tuple(bias.shape)
+    if (bias.dim() != 4 or shape[0] not in (1, bsz) or shape[1] not in (1, heads) or shape[2:] != (tq, k.shape[2])
+            or bias.device != q.device or not bias.is_floating_point()):
+        raise ValueError(f"score_bias must be a floating-point tensor of shape (1 or B, 1 or H, T_q, T_k) = "
+                         f"(1 or {bsz}, 1 or {heads}, {tq}, {k.shape[2]}) on {q.device}; got {shape} "
+                         f"{bias.dtype} on {bias.device}")
