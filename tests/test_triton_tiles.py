@@ -234,11 +234,8 @@ def test_lean_sweep_times_the_survivors_and_writes_a_tiles_file(tmp_path):
 def test_lean_sweep_deadline_and_bad_arguments(tmp_path, capsys):
     """Past --deadline-s no kernel starts (the file lists them as unfinished);
     a missing candidates file or an unknown lean kernel is a one-line error."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import triton_tiles
-    finally:
-        sys.path.pop(0)
+    import triton_tiles  # benchmarks/ (tests/conftest.py puts it on sys.path)
+
     args = triton_tiles.parse_args(["--lean", "--candidates", str(_lean_candidates_file(tmp_path)),
                                     "--json", "x.json", "--deadline-s", "5"])
     assert args.lengths == triton_tiles.LEAN_LENGTHS and args.deadline_s == 5
