@@ -240,6 +240,9 @@ def _prepare(tmp_path, multi30k_dir, conll2000_dir, models):
     return data
 
 
+# Full tier: the default tier's SIGKILL test already proves that finished runs
+# are skipped when a report is continued; this one adds a failed run's report.
+@pytest.mark.full
 def test_tiny_run_reports_a_failed_run_and_skips_finished_ones(tmp_path, multi30k_dir, conll2000_dir):
     models = "de-en:transformer,de-en:transformer_dnas"
     data = _prepare(tmp_path, multi30k_dir, conll2000_dir, models)
