@@ -177,3 +177,34 @@ def test_auto_with_a_bias_takes_the_lean_set_where_it_may(monkeypatch):
         finally:
             torch.use_deterministic_algorithms(before)
     assert kernels._biased_decision(dispatch.Decision("flash"), "auto", 1).path == "flash"  # takes B too
+
+
+def test_biased_kernels_take_the_layouts_callers_pass():
+    """q, k, v as views of one packed projection (B, T, 3, H, D) -> (B, H, T, D),
+    as transformers' and fairseq's attention hand them over, and T5's bias as a
+    non-contiguous view (a slice of a larger bias, broadcast over the batch
+    with stride 0): the same outputs and gradients as float64."""
+    batch, heads, t, d = 2, 2, 19, 16
+    g = torch.Generator().manual_seed(3)
+    packed = (torch.randn(batch, t, 3, heads, d, generator=g, dtype=torch.float64) * 1.2).to(DEVICE, F32)
+    packed.requires_grad_()
+    q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, D), not contiguous
+    big = (torch.randn(1, heads, t + 4, t, generator=g, dtype=torch.float64) * 2.0).to(DEVICE, F32)
+    big.requires_grad_()
+    bias = big[:, :, 4:, :].expand(batch, -1, -1, -1)  # rows sliced, batch stride 0
+    assert not q.is_contiguous() and not bias.is_contiguous() and bias.stride(0) == 0
+    u = torch.tensor([0.3, 0.7], device=DEVICE, requires_grad=True)
+    kmask = padding_mask([t, t * 2 // 5], t, True).to(DEVICE)
+    out = lean.triton_attention(q, k, v, hybrid_weight=u, key_padding_mask=kmask, query_padding_mask=kmask,
+                                score_bias=bias)
+    do = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE, F32)
+    grads = torch.autograd.grad(out, (packed, big, u), do)
+    pd, bd, ud = (x.detach().cpu().double().requires_grad_() for x in (packed, big, u))
+    qd, kd, vd = (pd[:, :, i].transpose(1, 2) for i in range(3))
+    km, qm = AF.broadcast_masks(kmask.cpu(), kmask.cpu())
+    ref = AF.hnas_probs(qd @ kd.transpose(-1, -2) + bd[:, :, 4:, :], ud, km, qm, 1) @ vd
+    ref_grads = torch.autograd.grad(ref, (pd, bd, ud), do.cpu().double())
+    torch.testing.assert_close(out.detach().double().cpu(), ref.detach(), atol=TOL[F32], rtol=0)
+    for name, a, b in zip(("d(packed q, k, v)", "dB", "du"), grads, ref_grads):
+        torch.testing.assert_close(a.double().cpu(), b, atol=_grad_tol(b, TOL[F32]), rtol=0, msg=name)
+    assert grads[1][:, :, 4:].abs().amax() > 0.01 and grads[1][:, :, :4].abs().amax() == 0
